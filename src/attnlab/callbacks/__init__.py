@@ -1,0 +1,6 @@
+"""Lightning callbacks of the platform."""
+
+from attnlab.callbacks.nan_guard import NaNGuard
+from attnlab.callbacks.throughput import Throughput
+
+__all__ = ["NaNGuard", "Throughput"]

@@ -1,0 +1,50 @@
+"""Logs `perf/samples_per_s` (and `perf/tokens_per_s`, `perf/mfu` when the task can tell) during training."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+
+
+class Throughput(L.Callback):
+    """Throughput over windows of `log_every_n_steps` training batches, data loading included.
+
+    Reads the clock only at window ends, so it adds no host-device synchronization to other steps.
+    """
+
+    def __init__(self, log_every_n_steps: int = 50):
+        self.every = max(1, int(log_every_n_steps))
+        self._t0: float | None = None
+        self._samples = self._tokens = self._batches = 0
+        self._flops: float | None = None
+        self._peak: float | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from attnlab.utils.flops import device_peak_flops
+
+        try:
+            self._flops = pl_module.flops_per_sample() if hasattr(pl_module, "flops_per_sample") else None
+        except Exception:  # FLOP counting is best-effort: an exotic backbone must not stop training
+            self._flops = None
+        self._peak = device_peak_flops(pl_module.device, trainer.precision) if self._flops else None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._samples += pl_module.batch_size_of(batch)
+        if hasattr(pl_module, "tokens_of"):
+            self._tokens += pl_module.tokens_of(batch)
+        self._batches += 1
+        if self._batches < self.every:
+            return
+        elapsed = time.perf_counter() - self._t0
+        world = trainer.world_size
+        metrics = {"perf/samples_per_s": self._samples * world / elapsed}
+        if self._tokens:
+            metrics["perf/tokens_per_s"] = self._tokens * world / elapsed
+        if self._flops and self._peak:
+            metrics["perf/mfu"] = self._flops * self._samples / elapsed / self._peak
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0

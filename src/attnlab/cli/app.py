@@ -1,0 +1,74 @@
+"""What every entry point does around its work: warnings, the config print-out, and user-facing errors."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.errors import UserError
+
+log = logging.getLogger("attnlab")
+
+_ERROR_MARK = "attnlab.errors.UserError: "
+
+
+def user_message(err: BaseException) -> str:
+    """The user-facing paragraph; errors re-raised from DataLoader workers carry the worker's traceback."""
+    msg = str(err)
+    if _ERROR_MARK in msg:
+        msg = msg.rsplit(_ERROR_MARK, 1)[1]
+    return msg.strip()
+
+
+def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    extras = cfg.get("extras") or {}
+    if extras.get("ignore_warnings"):
+        warnings.filterwarnings("ignore")
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    try:
+        if extras.get("print_config") and _is_rank_zero():
+            from attnlab.utils.rich_config import print_config_tree
+
+            print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.log")
+        return fn(cfg)
+    except UserError as e:
+        _fail(e)
+    except Exception as e:  # a UserError raised in a DataLoader worker comes back as another type
+        if _ERROR_MARK in str(e):
+            _fail(e)
+        raise
+    finally:
+        _finish_wandb()
+
+
+def _fail(e: BaseException) -> None:
+    msg = user_message(e)
+    log.error(msg)
+    print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _is_rank_zero() -> bool:
+    import os
+
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def _finish_wandb() -> None:
+    """End the W&B run so the next job of a multirun starts its own."""
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+
+
+def save_resolved_config(cfg: DictConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, path, resolve=True)

@@ -1,0 +1,132 @@
+"""Build the pieces of a run from the composed config: data, task, callbacks, loggers, trainer, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from attnlab.errors import UserError
+
+log = logging.getLogger("attnlab")
+
+
+def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
+    """Instantiate the DataModule, load what it needs (downloading only where configured), and write what the data
+    determines (num_classes, image_size, vocab_size, ...) back into the config, where the model reads it."""
+    dm = instantiate(data_cfg, _convert_="all")
+    if prepare:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            dm.prepare_data()
+        dm.setup("fit")
+    with open_dict(data_cfg):
+        for key, value in dm.meta.items():
+            data_cfg[key] = value
+    return dm
+
+
+def build_task(cfg: DictConfig, dm) -> Any:
+    """The task gets plain configs for its network, optimizer and schedule, and builds them itself, so that
+    `Task.load_from_checkpoint(path)` can rebuild it from the checkpoint alone."""
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
+    scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
+    task_cls = get_class(model_cfg.pop("_target_"))
+    return task_cls(**model_cfg, optimizer=optimizer, scheduler=scheduler, **dm.model_extras())
+
+
+def build_callbacks(cfg: DictConfig) -> list:
+    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
+
+
+def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None) -> list:
+    loggers = []
+    for lg in (cfg.get("logger") or {}).values():
+        if lg is None or "_target_" not in lg:
+            continue
+        extra = {"resume_id": wandb_resume_id} if lg._target_.endswith("wandb_logger") and wandb_resume_id else {}
+        loggers.append(instantiate(lg, **extra))
+    return loggers
+
+
+def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
+    trainer_cfg = cfg.trainer
+    if trainer_cfg.get("accelerator") == "cpu" and isinstance(trainer_cfg.get("devices"), int):
+        # CPU processes of a DDP run share the cores instead of each taking all of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, trainer_cfg.devices)))
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
+    return instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False)
+
+
+# ---- checkpoints
+
+def find_last_checkpoint(log_dir: Path, task_name: str | None = None) -> Path | None:
+    base = log_dir / task_name if task_name else log_dir
+    found = [p for p in base.glob("**/checkpoints/last.ckpt")] if base.is_dir() else []
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | None = None) -> str | None:
+    if not ckpt_path:
+        return None
+    if str(ckpt_path) == "last":
+        last = find_last_checkpoint(Path(log_dir), task_name)
+        if last is None:
+            where = Path(log_dir) / (task_name or "")
+            raise UserError(
+                f"ckpt_path=last: no last.ckpt under {where}. Train first, or give the checkpoint's path "
+                "(ckpt_path=logs/<task>/runs/<time>/checkpoints/last.ckpt)."
+            )
+        log.info("resuming from %s", last)
+        return str(last)
+    path = Path(ckpt_path)
+    if not path.is_file():
+        near = sorted(str(p) for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+        raise UserError(
+            f"ckpt_path={ckpt_path} does not exist. "
+            + (f"Checkpoints in {path.parent}: {', '.join(near)}. " if near else "")
+            + "Give the path of a .ckpt written by train.py (in <run dir>/checkpoints/), or ckpt_path=last."
+        )
+    return str(path)
+
+
+def read_run_metadata(ckpt_path: str) -> dict:
+    """The run metadata (resolved config, W&B id) stored in a checkpoint by attnlab."""
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        raise UserError(f"cannot read checkpoint {ckpt_path}: {e}. The file is not a PyTorch checkpoint "
+                        "or is truncated.") from e
+    meta = ckpt.get("attnlab") if isinstance(ckpt, dict) else None
+    if not meta:
+        raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "
+                        "give a checkpoint from <run dir>/checkpoints/.")
+    return meta
+
+
+def check_same_task(meta: dict, model_target: str, ckpt_path: str) -> None:
+    ckpt_target = meta["config"]["model"]["_target_"]
+    if ckpt_target != model_target:
+        raise UserError(
+            f"checkpoint {ckpt_path} was trained by task {ckpt_target}, but this run's model config uses "
+            f"{model_target}. Pick the model config of that checkpoint's run (its config is in the run's "
+            ".hydra/config.yaml), or start without ckpt_path."
+        )
+
+
+def load_task(ckpt_path: str, meta: dict):
+    task_cls = get_class(meta["config"]["model"]["_target_"])
+    return task_cls.load_from_checkpoint(ckpt_path, map_location="cpu")
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"model/params_total": total, "model/params_trainable": trainable,
+            "model/params_frozen": total - trainable}

@@ -1,0 +1,27 @@
+"""DDP launched from a Hydra app re-executes the script once per extra rank (Lightning appends
+`hydra.run.dir=<run dir>` for the children). In a multirun that command would carry `-m` and the sweep lists,
+and point at hydra.run.dir instead of the job's directory. Before training, point both at the current job, so
+every rank of a job writes into that job's directory: one directory per job, never one per rank."""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import OmegaConf, open_dict
+
+
+def pin_subprocess_ranks_to_job() -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return
+    sys.argv = [sys.argv[0], *hc.overrides.task]
+    readonly = OmegaConf.is_readonly(hc)
+    OmegaConf.set_readonly(hc, False)
+    with open_dict(hc):
+        hc.run.dir = hc.runtime.output_dir
+    OmegaConf.set_readonly(hc, readonly)

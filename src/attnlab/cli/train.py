@@ -1,0 +1,22 @@
+"""python train.py [group=option ...] [key=value ...]  — see README.md for the grammar."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from attnlab.config import CONF_DIR, register_resolvers
+
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from attnlab.cli.app import run_app
+    from attnlab.cli.training import train
+
+    return run_app(train, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The training run: compose, check, build, fit, test, report."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.cli import builders
+from attnlab.cli.app import save_resolved_config
+from attnlab.config import check_compatible
+
+log = logging.getLogger("attnlab")
+
+
+def train(cfg: DictConfig) -> float | None:
+    check_compatible(cfg)  # before anything heavy
+    import lightning as L
+
+    from attnlab.callbacks.run_metadata import RunMetadata
+    from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
+
+    L.seed_everything(cfg.seed, workers=True)
+    out_dir = Path(cfg.paths.output_dir)
+
+    ckpt_path = builders.resolve_checkpoint(cfg.get("ckpt_path"), cfg.paths.log_dir, cfg.task_name)
+    wandb_id = None
+    if ckpt_path:
+        meta = builders.read_run_metadata(ckpt_path)
+        builders.check_same_task(meta, cfg.model._target_, ckpt_path)
+        wandb_id = meta.get("wandb_run_id")
+
+    dm = builders.build_datamodule(cfg.data)
+    model = builders.build_task(cfg, dm)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    save_resolved_config(cfg, out_dir / "config.yaml")
+
+    callbacks = builders.build_callbacks(cfg) + [RunMetadata(resolved)]
+    loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id)
+    pin_subprocess_ranks_to_job()
+    trainer = builders.build_trainer(cfg, callbacks, loggers)
+    for lg in loggers:
+        lg.log_hyperparams(resolved | builders.count_parameters(model))
+
+    if cfg.get("train", True):
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    train_metrics = dict(trainer.callback_metrics)
+
+    test_metrics = {}
+    if cfg.get("test", True):
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not cfg.get("train", True):
+            best = ckpt_path or ""
+        if not best and cfg.get("train", True):
+            log.warning("no checkpoint was saved: testing the weights as they are at the end of training")
+        trainer.test(model, datamodule=dm, ckpt_path=best or None)
+        test_metrics = dict(trainer.callback_metrics)
+
+    metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
+    if trainer.is_global_zero:
+        _report(cfg, metrics, trainer, out_dir)
+    value = metrics.get(cfg.get("optimized_metric") or "")
+    return None if value is None or math.isnan(value) else value
+
+
+def _report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path) -> None:
+    import json
+
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    lines = [f"  {k:<24} {v:.4f}" for k, v in sorted(metrics.items())
+             if k.startswith(("test/", "val/")) and not k.endswith("_step")]
+    ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    summary = "\n".join([f"Results of {cfg.task_name}:", *lines, f"  run directory: {out_dir}"]
+                        + ([f"  best checkpoint: {ckpt}"] if ckpt else []))
+    print(summary, flush=True)
+    log.info(summary)
+    if "test/acc" in metrics:
+        print(f"Test accuracy: {100 * metrics['test/acc']:.2f}%", flush=True)

@@ -1,0 +1,62 @@
+"""Config-time helpers: OmegaConf resolvers and the model/data compatibility check.
+
+Nothing here imports torch, so `train.py --cfg job` and `--help` stay fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def patch_size_for(image_size: int) -> int:
+    """Patch size giving a 4x4 to 16x16 token grid: 2 px up to 16 px images, 4 px up to 64 px, else 16 px."""
+    image_size = int(image_size)
+    return 2 if image_size <= 16 else 4 if image_size <= 64 else 16
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("patch_size_for"):
+        OmegaConf.register_new_resolver("patch_size_for", patch_size_for)
+
+
+def _group_options(group: str) -> dict[str, dict]:
+    options = {}
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        options[path.stem] = yaml.safe_load(path.read_text()) or {}
+    return options
+
+
+def _data_kind(options: dict[str, dict], name: str) -> str | None:
+    node = options.get(name, {})
+    if "kind" in node:
+        return node["kind"]
+    for parent in node.get("defaults", []) or []:
+        if isinstance(parent, str) and parent != "_self_":
+            return _data_kind(options, parent)
+    return None
+
+
+def check_compatible(cfg: DictConfig) -> None:
+    """Refuse a model/data pair whose kinds do not match, naming the data configs the model can use."""
+    accepts = list(cfg.model.get("data_kinds") or [])
+    kind = cfg.data.get("kind")
+    if not accepts or kind in accepts:
+        return
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    model_name = choices.get("model", cfg.model.get("_target_"))
+    data_name = choices.get("data", kind)
+    data_options = _group_options("data")
+    compatible = [n for n in data_options if _data_kind(data_options, n) in accepts]
+    raise UserError(
+        f"model={model_name} cannot train on data={data_name}: the model takes data of kind {accepts}, "
+        f"but data={data_name} is of kind '{kind}'. Compatible data configs for model={model_name}: "
+        f"{', '.join(compatible) or 'none'}. Pick one of them (e.g. data={compatible[0] if compatible else '...'}) "
+        f"or a model that takes '{kind}' data."
+    )

@@ -1,0 +1,93 @@
+"""Base DataModule: splits, loaders, and the checks every dataset needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from attnlab.data.samplers import EpochShuffleSampler
+from attnlab.errors import UserError
+
+
+def split_by_fraction(n: int, fractions: list[float], seed: int) -> list[list[int]]:
+    """Deterministic random split of range(n): one index list per fraction, the rest last."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    out, start = [], 0
+    for f in fractions:
+        k = int(round(f * n))
+        out.append(perm[start : start + k])
+        start += k
+    out.append(perm[start:])
+    return out
+
+
+class BaseDataModule(L.LightningDataModule):
+    """Subclasses implement `build_splits()` returning (train, val, test) datasets and may extend `meta`."""
+
+    def __init__(
+        self,
+        kind: str,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool | None = None,
+        seed: int = 42,
+        eval_batch_size: int | None = None,
+    ):
+        super().__init__()
+        self.kind = kind
+        self.batch_size, self.num_workers, self.seed = int(batch_size), int(num_workers), int(seed)
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+
+    # ---- what the data tells the model (num_classes, image_size, vocab_size, ...)
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {}
+
+    def model_extras(self) -> dict[str, Any]:
+        """Extra constructor arguments for the task that are not config values (e.g. class names)."""
+        return {}
+
+    def build_splits(self) -> tuple[Dataset, Dataset, Dataset]:
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None:
+            self.train_set, self.val_set, self.test_set = self.build_splits()
+
+    # ---- loaders
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        bs = self.batch_size if train else self.eval_batch_size
+        if train and bs > len(ds):
+            raise UserError(
+                f"data.batch_size={bs} is larger than the training split ({len(ds):,} samples). "
+                f"Set data.batch_size to at most {len(ds)} (or use more data)."
+            )
+        return DataLoader(
+            ds,
+            batch_size=bs,
+            sampler=EpochShuffleSampler(len(ds), self.seed) if train else None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+            drop_last=train and len(ds) > bs,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)
+
+
+def subset(ds: Dataset, idx: list[int]) -> Subset:
+    return Subset(ds, idx)

@@ -1,0 +1,71 @@
+"""Any class-per-folder image tree: root/{train,val,test}/<class>/* or root/<class>/* split by fraction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnlab.data.base import split_by_fraction
+from attnlab.data.images import FileImages, ImageDataModule, Transformed, scan_class_folders
+from attnlab.errors import UserError
+
+SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test", "testing")}
+
+
+def find_split_dirs(root: Path) -> dict[str, Path]:
+    return {split: root / n for split, names in SPLIT_NAMES.items() for n in names if (root / n).is_dir()}
+
+
+class ImageFolderDataModule(ImageDataModule):
+    def __init__(self, root: str = "data/images", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.root = Path(root)
+        self.splits = self._scan()
+
+    def _scan(self) -> dict[str, list[tuple[str, int]]]:
+        if not self.root.is_dir():
+            raise UserError(
+                f"image folder {self.root} does not exist. Set data.root=/path/to/images holding "
+                "<class>/<image> folders (or train/, val/, test/ each holding <class>/<image>)."
+            )
+        dirs = find_split_dirs(self.root)
+        if "train" in dirs:
+            classes, train = scan_class_folders(dirs["train"])
+            splits = {"train": train}
+            for split in ("val", "test"):
+                if split in dirs:
+                    split_classes, samples = scan_class_folders(dirs[split])
+                    index = {c: classes.index(c) for c in split_classes if c in classes}
+                    extra = sorted(set(split_classes) - set(classes))
+                    if extra:
+                        raise UserError(f"{dirs[split]} has classes missing from {dirs['train']}: {extra[:10]}.")
+                    names = split_classes
+                    splits[split] = [(p, index[names[i]]) for p, i in samples]
+        else:
+            classes, samples = scan_class_folders(self.root)
+            splits = {"all": samples}
+        if not classes or not splits.get("train", splits.get("all")):
+            raise UserError(
+                f"no images found under {self.root}: expected <class>/<image> folders with files ending in "
+                ".jpg/.png/... (or train/<class>/<image>)."
+            )
+        self.check_num_classes(len(classes), str(self.root))
+        self.class_names = classes
+        return splits
+
+    def build_splits(self):
+        tr, ev = self.train_transform(), self.eval_transform()
+        if "all" in self.splits:
+            base = FileImages(self.splits["all"], self.channels)
+            test_idx, val_idx, train_idx = split_by_fraction(
+                len(base), [self.test_fraction, self.val_fraction], self.seed)
+            return Transformed(base, train_idx, tr), Transformed(base, val_idx, ev), Transformed(base, test_idx, ev)
+        train = FileImages(self.splits["train"], self.channels)
+        if "val" in self.splits:
+            val = FileImages(self.splits["val"], self.channels, ev)
+            train_set = Transformed(train, None, tr)
+        else:
+            val_idx, train_idx = split_by_fraction(len(train), [self.val_fraction], self.seed)
+            val, train_set = Transformed(train, val_idx, ev), Transformed(train, train_idx, tr)
+        test = FileImages(self.splits["test"], self.channels, ev) if "test" in self.splits else val
+        return train_set, val, test

@@ -1,0 +1,124 @@
+"""Image classification data: datasets over arrays or files, and the DataModule base of every image dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from attnlab.data.base import BaseDataModule
+from attnlab.data.transforms import eval_transform, train_transform
+from attnlab.errors import UserError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+class ArrayImages(Dataset):
+    """Images held in memory as uint8 arrays (N, H, W) or (N, H, W, C)."""
+
+    def __init__(self, images: np.ndarray, labels: Sequence[int], transform: Callable | None = None):
+        self.images, self.labels, self.transform = images, np.asarray(labels, dtype=np.int64), transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        img = Image.fromarray(self.images[i])
+        return (self.transform(img) if self.transform else img), int(self.labels[i])
+
+
+class FileImages(Dataset):
+    """Images read from files; a file that cannot be decoded is named in the error."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], channels: int = 3, transform: Callable | None = None):
+        self.samples, self.mode, self.transform = list(samples), "L" if channels == 1 else "RGB", transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, i: int) -> Image.Image:
+        path = self.samples[i][0]
+        try:
+            with Image.open(path) as img:
+                return img.convert(self.mode)
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise UserError(
+                f"cannot read image file {path}: {e}. The file is corrupt or not an image: "
+                "delete or replace it, then rerun."
+            ) from None
+
+    def __getitem__(self, i: int):
+        img = self.load(i)
+        return (self.transform(img) if self.transform else img), self.samples[i][1]
+
+
+class Transformed(Dataset):
+    """A view of a dataset of (PIL image, label) with a transform applied."""
+
+    def __init__(self, base: Dataset, indices: Sequence[int] | None, transform: Callable):
+        self.base, self.indices, self.transform = base, indices, transform
+
+    def __len__(self) -> int:
+        return len(self.indices) if self.indices is not None else len(self.base)
+
+    def __getitem__(self, i: int):
+        img, y = self.base[self.indices[i] if self.indices is not None else i]
+        return self.transform(img), y
+
+
+def scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """root/<class>/<image files> -> (sorted class names, [(path, class index)])."""
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    samples = []
+    for idx, name in enumerate(classes):
+        for path in sorted((root / name).rglob("*")):
+            if path.suffix.lower() in IMAGE_EXTENSIONS:
+                samples.append((str(path), idx))
+    return classes, samples
+
+
+class ImageDataModule(BaseDataModule):
+    """Images + integer labels. `meta` gives num_classes, image_size and channels to the model."""
+
+    def __init__(
+        self,
+        kind: str = "images",
+        num_classes: int | None = None,
+        image_size: int = 224,
+        channels: int = 3,
+        augment: dict[str, Any] | None = None,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        **loader: Any,
+    ):
+        super().__init__(kind=kind, **loader)
+        self.save_hyperparameters()
+        self.num_classes, self.image_size, self.channels = num_classes, int(image_size), int(channels)
+        self.augment = dict(augment or {})
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.class_names: list[str] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {"num_classes": self.num_classes, "image_size": self.image_size, "channels": self.channels}
+
+    def model_extras(self) -> dict[str, Any]:
+        return {"class_names": self.class_names} if self.class_names else {}
+
+    def check_num_classes(self, found: int, where: str) -> None:
+        if self.num_classes is not None and int(self.num_classes) != found:
+            raise UserError(
+                f"data.num_classes={self.num_classes} but {where} has {found} classes. "
+                f"Remove the override or set data.num_classes={found}."
+            )
+        self.num_classes = found
+
+    def train_transform(self):
+        return train_transform(self.image_size, self.channels, self.augment)
+
+    def eval_transform(self):
+        return eval_transform(self.image_size, self.channels, self.augment)

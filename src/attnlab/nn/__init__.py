@@ -1,0 +1,1 @@
+"""Network building blocks and model definitions."""

@@ -1,0 +1,1 @@
+"""Optimizer parameter groups and learning-rate schedules."""

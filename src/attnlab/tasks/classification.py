@@ -1,0 +1,140 @@
+"""Image classification with any timm model (ViT, Swin, ConvNeXt, ResNet, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+import torch
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torchmetrics.classification import MulticlassAccuracy
+
+import attnlab.nn.timm_compact  # noqa: F401  (registers vit_compact with timm)
+from attnlab.errors import UserError
+from attnlab.tasks.base import BaseTask
+
+
+def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
+                    **kwargs) -> torch.nn.Module:
+    """timm.create_model with a clear error for unknown names, arguments a model rejects, and offline weights."""
+    if not timm.is_model(backbone):
+        close = timm.list_models(f"*{backbone.split('_')[0]}*")[:12]
+        raise UserError(
+            f"model.backbone={backbone} is not a timm model. Similar names: {', '.join(close) or 'none'}. "
+            "List them all with `python -c \"import timm; print(timm.list_models())\"`."
+        )
+    args = dict(num_classes=num_classes, in_chans=in_chans, pretrained=pretrained, **kwargs)
+    try:
+        try:
+            return timm.create_model(backbone, img_size=img_size, **args)
+        except TypeError as e:  # convnets take no img_size
+            if "img_size" not in str(e):
+                raise
+            return timm.create_model(backbone, **args)
+    except TypeError as e:
+        raise UserError(
+            f"timm model '{backbone}' rejects an argument: {e}. model.backbone_kwargs={kwargs} holds arguments for "
+            "another architecture: clear them with `~model.backbone_kwargs` or use `model=timm model.backbone=...`."
+        ) from e
+    except (OSError, RuntimeError) as e:
+        if pretrained:
+            raise UserError(
+                f"could not load pretrained weights for '{backbone}' ({e}). Weights come from the Hugging Face hub: "
+                "go online once (they are cached in ~/.cache/huggingface), or set model.pretrained=false."
+            ) from e
+        raise
+
+
+class ImageClassifier(BaseTask):
+    """Cross-entropy classifier over a timm backbone, with timm mixup/cutmix and label smoothing.
+
+    Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/acc5`, `val/acc_best`, and the same under `test/`.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "vit_compact",
+        num_classes: int = 10,
+        img_size: int | None = 224,
+        in_chans: int = 3,
+        pretrained: bool = False,
+        backbone_kwargs: dict | None = None,
+        drop_path_rate: float = 0.0,
+        label_smoothing: float = 0.0,
+        mixup: dict | None = None,
+        class_names: list[str] | None = None,
+        **base: Any,
+    ):
+        super().__init__(**({"monitor": "val/acc", "monitor_mode": "max"} | base))
+        self.save_hyperparameters()
+        kwargs = dict(backbone_kwargs or {})
+        if drop_path_rate:
+            kwargs["drop_path_rate"] = drop_path_rate
+        self.net = create_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
+        self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes) if mixup else None
+        self.mix_loss = SoftTargetCrossEntropy()
+        top5 = min(5, num_classes)
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run_net(x)  # (B, num_classes)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.mixup is not None and x.shape[0] % 2 == 0:
+            x_mix, y_soft = self.mixup(x, y)
+            logits = self(x_mix)
+            loss = self.mix_loss(logits, y_soft)
+        else:
+            logits = self(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        self.train_acc(logits.detach(), y)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def _eval_step(self, batch, stage: str):
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc, acc5 = (self.val_acc, self.val_acc5) if stage == "val" else (self.test_acc, self.test_acc5)
+        acc.update(logits, y)
+        acc5.update(logits, y)
+        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True)
+        return logits
+
+    def validation_step(self, batch, batch_idx):
+        return self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self):
+        acc = self.val_acc.compute()
+        self.log("val/acc", acc, prog_bar=True, sync_dist=True)
+        self.log("val/acc5", self.val_acc5.compute(), sync_dist=True)
+        self.val_acc.reset()
+        self.val_acc5.reset()
+        self.log_best(acc)
+
+    def test_step(self, batch, batch_idx):
+        return self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self):
+        self.log("test/acc", self.test_acc.compute(), sync_dist=True)
+        self.log("test/acc5", self.test_acc5.compute(), sync_dist=True)
+        self.test_acc.reset()
+        self.test_acc5.reset()
+
+    def predict_step(self, batch, batch_idx):
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x).softmax(-1)
+
+    def flops_per_sample(self) -> float | None:
+        from attnlab.utils.flops import training_flops_per_sample
+
+        h = self.hparams
+        return training_flops_per_sample(self.net, (h.in_chans, h.img_size, h.img_size))

@@ -1,0 +1,54 @@
+"""Model FLOPs and device peak FLOP/s, for the model FLOPs utilization (`perf/mfu`)."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+from torch import nn
+
+# dense bf16 tensor-core peaks (FLOP/s) of common accelerators; fp32 matmuls run at a fraction of these
+_GPU_BF16_PEAK = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12, "L4": 121e12,
+    "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
+}
+
+
+def training_flops_per_sample(net: nn.Module, sample_shape: tuple[int, ...], dtype=torch.float32) -> float:
+    """Forward FLOPs of one sample counted by torch's FlopCounterMode, times 3 for forward + backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    param = next(net.parameters())
+    x = torch.zeros((1, *sample_shape), device=param.device, dtype=dtype)
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            net(x)
+    finally:
+        net.train(was_training)
+    return 3.0 * counter.get_total_flops()
+
+
+@functools.lru_cache(maxsize=None)
+def measured_cpu_peak(n: int = 1024, seconds: float = 0.3) -> float:
+    """fp32 matmul FLOP/s of this CPU with torch's current thread count (measured once per process)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def device_peak_flops(device: torch.device, precision: str = "32-true") -> float | None:
+    if device.type == "cpu":
+        return measured_cpu_peak()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in _GPU_BF16_PEAK.items():
+            if key in name:
+                return peak if ("16" in str(precision)) else peak / 2  # TF32 at "high" matmul precision
+    return None
