@@ -74,7 +74,6 @@ def _report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path) 
     ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     summary = "\n".join([f"Results of {cfg.task_name}:", *lines, f"  run directory: {out_dir}"]
                         + ([f"  best checkpoint: {ckpt}"] if ckpt else []))
-    print(summary, flush=True)
-    log.info(summary)
     if "test/acc" in metrics:
-        print(f"Test accuracy: {100 * metrics['test/acc']:.2f}%", flush=True)
+        summary += f"\nTest accuracy: {100 * metrics['test/acc']:.2f}%"
+    log.info(summary)

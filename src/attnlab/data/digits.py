@@ -5,20 +5,37 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from attnlab.data.base import split_by_fraction
 from attnlab.data.images import ImageDataModule
 
 
-class DigitsDataModule(ImageDataModule):
-    """Held in memory as normalized tensors at the native 8x8 (or resized to data.image_size)."""
+class _Augmented(Dataset):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, transform):
+        self.x, self.y, self.transform = x, y, transform
 
-    def __init__(self, test_fraction: float = 0.2, val_fraction: float = 0.1, **kwargs: Any):
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.x[i]), self.y[i]
+
+
+class DigitsDataModule(ImageDataModule):
+    """Held in memory as normalized tensors at the native 8x8 (or resized to data.image_size).
+
+    `augment` takes RandomAffine's degrees / translate / scale, applied to each training image (small rotations,
+    shifts and zooms are what keeps a ViT from memorizing 1,258 training digits); `augment: null` turns it off.
+    The split is fixed by `split_seed`, independent of the training seed.
+    """
+
+    def __init__(self, test_fraction: float = 0.2, val_fraction: float = 0.1, split_seed: int = 0, **kwargs: Any):
         kwargs = {"num_classes": 10, "image_size": 8, "channels": 1} | kwargs
         super().__init__(test_fraction=test_fraction, val_fraction=val_fraction, **kwargs)
         self.check_num_classes(10, "the digits dataset")
         self.class_names = [str(i) for i in range(10)]
+        self.split_seed = split_seed
 
     def build_splits(self):
         from sklearn.datasets import load_digits
@@ -31,5 +48,15 @@ class DigitsDataModule(ImageDataModule):
         if self.channels != 1:
             x = x.expand(-1, self.channels, -1, -1).contiguous()
         y = torch.tensor(digits.target, dtype=torch.long)
-        test_idx, val_idx, train_idx = split_by_fraction(len(y), [self.test_fraction, self.val_fraction], self.seed)
-        return tuple(TensorDataset(x[i], y[i]) for i in (train_idx, val_idx, test_idx))
+        test_idx, val_idx, train_idx = split_by_fraction(
+            len(y), [self.test_fraction, self.val_fraction], self.split_seed)
+        val, test = TensorDataset(x[val_idx], y[val_idx]), TensorDataset(x[test_idx], y[test_idx])
+        if not self.augment:
+            return TensorDataset(x[train_idx], y[train_idx]), val, test
+        from torchvision.transforms import v2
+
+        a = self.augment
+        t = a.get("translate", 0.0)
+        affine = v2.RandomAffine(degrees=a.get("degrees", 0.0), translate=(t, t) if t else None,
+                                 scale=tuple(a["scale"]) if a.get("scale") else None, fill=-1.0)
+        return _Augmented(x[train_idx], y[train_idx], affine), val, test

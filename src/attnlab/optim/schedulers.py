@@ -88,3 +88,15 @@ class _LinearWarmup:
 
     def load_state_dict(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+def onecycle(optimizer: Optimizer, total_steps: int, pct_start: float = 0.3, div_factor: float = 25.0,
+             final_div_factor: float = 1e4) -> dict:
+    """Smith's one-cycle policy (torch OneCycleLR): warm up from lr/div_factor over pct_start of the steps,
+    then cosine-anneal to lr/(div_factor*final_div_factor). The peak is the optimizer's lr."""
+    from torch.optim.lr_scheduler import OneCycleLR
+
+    peaks = [g["lr"] for g in optimizer.param_groups]
+    sched = OneCycleLR(optimizer, max_lr=peaks, total_steps=total_steps, pct_start=pct_start,
+                       div_factor=div_factor, final_div_factor=final_div_factor, cycle_momentum=False)
+    return {"scheduler": sched, "interval": "step", "frequency": 1, "name": "lr"}
