@@ -5,6 +5,7 @@ Nothing here imports torch, so `train.py --cfg job` and `--help` stay fast.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -24,6 +25,8 @@ def patch_size_for(image_size: int) -> int:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("patch_size_for"):
         OmegaConf.register_new_resolver("patch_size_for", patch_size_for)
+    if not OmegaConf.has_resolver("cwd"):  # unlike ${hydra:runtime.cwd}, also resolvable for a sweep's directory
+        OmegaConf.register_new_resolver("cwd", os.getcwd)
 
 
 def _group_options(group: str) -> dict[str, dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -31,6 +32,7 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
         logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    env_before = dict(os.environ)
     try:
         if extras.get("print_config") and _is_rank_zero():
             from attnlab.utils.rich_config import print_config_tree
@@ -45,6 +47,7 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         raise
     finally:
         _finish_wandb()
+        _reset_distributed(env_before)
 
 
 def _fail(e: BaseException) -> None:
@@ -55,9 +58,18 @@ def _fail(e: BaseException) -> None:
 
 
 def _is_rank_zero() -> bool:
-    import os
-
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def _reset_distributed(env_before: dict[str, str]) -> None:
+    """Leave no process group or rendezvous variables behind for the next job of a multirun."""
+    if "torch" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    for key in set(os.environ) - set(env_before):
+        del os.environ[key]
 
 
 def _finish_wandb() -> None:

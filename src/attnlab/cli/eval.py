@@ -1,0 +1,54 @@
+"""python eval.py ckpt_path=<path|last> [split=test|val] [data.<key>=...]"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from attnlab.config import CONF_DIR, register_resolvers
+
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
+def main(cfg: DictConfig) -> dict | None:
+    from attnlab.cli.app import run_app
+
+    return run_app(evaluate, cfg)
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    """Rebuild the data and the task from the checkpoint's own run config and evaluate on one split."""
+    import json
+    import logging
+    from pathlib import Path
+
+    import lightning as L
+    from lightning.pytorch.callbacks import RichProgressBar
+    from omegaconf import OmegaConf
+
+    from attnlab.cli import builders
+    from attnlab.errors import UserError
+
+    log = logging.getLogger("attnlab")
+    if cfg.split not in ("test", "val"):
+        raise UserError(f"split={cfg.split} is not a split eval.py knows: use split=test or split=val.")
+    ckpt = builders.resolve_checkpoint(cfg.ckpt_path, cfg.paths.log_dir)
+    meta = builders.read_run_metadata(ckpt)
+    run_cfg = OmegaConf.create(meta["config"])
+    L.seed_everything(run_cfg.get("seed", cfg.seed), workers=True)
+    data_cfg = OmegaConf.merge(run_cfg.data, cfg.get("data") or {})
+    dm = builders.build_datamodule(data_cfg)
+    model = builders.load_task(ckpt, meta)
+    trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg))
+    run = trainer.test if cfg.split == "test" else trainer.validate
+    metrics = {k: float(v) for k, v in run(model, datamodule=dm, verbose=True)[0].items()}
+    out = Path(cfg.paths.output_dir)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    log.info("evaluated %s on the %s split: %s (written to %s)", ckpt, cfg.split,
+             ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())), out / "metrics.json")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
