@@ -52,7 +52,9 @@ def check_compatible(cfg: DictConfig) -> None:
     kind = cfg.data.get("kind")
     if not accepts or kind in accepts:
         return
-    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    from hydra.core.hydra_config import HydraConfig
+
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
     model_name = choices.get("model", cfg.model.get("_target_"))
     data_name = choices.get("data", kind)
     data_options = _group_options("data")

@@ -31,7 +31,8 @@ class DigitsDataModule(ImageDataModule):
     """
 
     def __init__(self, test_fraction: float = 0.2, val_fraction: float = 0.1, split_seed: int = 0, **kwargs: Any):
-        kwargs = {"num_classes": 10, "image_size": 8, "channels": 1} | kwargs
+        kwargs = {"num_classes": 10, "image_size": 8, "channels": 1,
+                  "augment": {"degrees": 10, "translate": 0.1, "scale": (0.9, 1.1)}} | kwargs
         super().__init__(test_fraction=test_fraction, val_fraction=val_fraction, **kwargs)
         self.check_num_classes(10, "the digits dataset")
         self.class_names = [str(i) for i in range(10)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import numpy as np
 from attnlab.data.base import split_by_fraction
 from attnlab.data.images import ArrayImages, ImageDataModule, Transformed
 from attnlab.errors import UserError
+
+log = logging.getLogger(__name__)
 
 FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -66,6 +69,8 @@ class MNISTDataModule(ImageDataModule):
             )
         tr, ev = self.train_transform(), self.eval_transform()
         if train is None:
+            log.warning("MNIST: only the test set is in %s; train/val/test are carved out of its 10,000 images "
+                        "(val_fraction=%s, test_fraction=%s)", self.data_dir, self.val_fraction, self.test_fraction)
             images, labels = test
             test_idx, val_idx, train_idx = split_by_fraction(len(labels), [self.test_fraction, self.val_fraction],
                                                              self.seed)

@@ -1,0 +1,66 @@
+"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from attnlab.config import CONF_DIR, register_resolvers
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("ATTNLAB_DATA_DIR", ROOT.parent / "shared" / "data"))
+
+register_resolvers()
+
+
+def shared(name: str) -> Path:
+    """A folder of the offline datasets; the tests that need it fail (not skip) when it is absent."""
+    path = SHARED_DATA / name
+    assert path.exists(), f"offline dataset {path} missing: set ATTNLAB_DATA_DIR to the shared data folder"
+    return path
+
+
+def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train") -> DictConfig:
+    """Compose like `python train.py <overrides>` would, with every output under tmp_path."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+        cfg.hydra.job.num = 0
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+        cfg.paths.log_dir = str(tmp_path / "logs")
+        cfg.paths.cache_dir = str(tmp_path.parent / "cache")
+        cfg.paths.data_dir = str(SHARED_DATA)
+        cfg.extras.print_config = False
+        del cfg.hydra
+    return cfg
+
+
+def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT):
+    """Run train.py / eval.py / predict.py as a user would; returns the CompletedProcess (stdout+stderr merged)."""
+    full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(SHARED_DATA)} | (env or {})
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+@pytest.fixture
+def log_env(tmp_path):
+    """Environment sending a subprocess's logs and caches to tmp_path."""
+    return {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
+
+
+# quiet, quick settings for in-process training runs
+FAST = ["callbacks.progress_bar=null", "callbacks.model_summary=null", "extras.print_config=false"]

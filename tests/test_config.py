@@ -1,0 +1,100 @@
+"""Config composition: every declared-compatible model x data pair composes, others are refused clearly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from attnlab.config import CONF_DIR, check_compatible
+from attnlab.errors import UserError
+from conftest import ROOT, compose_cfg, run_cli
+
+MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+DATA = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def _kinds(tmp_path, model, data):
+    cfg = compose_cfg([f"model={model}", f"data={data}"], tmp_path)
+    return cfg, list(cfg.model.data_kinds), cfg.data.kind
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_composes_with_every_data_config_or_is_refused(tmp_path, model):
+    for data in DATA:
+        cfg, accepts, kind = _kinds(tmp_path, model, data)
+        if kind in accepts:
+            check_compatible(cfg)
+            resolved = OmegaConf.to_container(cfg, resolve=True)
+            assert resolved["model"]["num_classes"] == resolved["data"]["num_classes"]
+            assert resolved["model"]["img_size"] == resolved["data"]["image_size"]
+            assert resolved["model"]["in_chans"] == resolved["data"]["channels"]
+        else:
+            with pytest.raises(UserError, match="Compatible data configs"):
+                check_compatible(cfg)
+
+
+def test_incompatible_pair_names_the_compatible_choices(tmp_path):
+    cfg = compose_cfg(["model=swin", "data=digits"], tmp_path)
+    cfg.data.kind = "text"  # a data kind no image model takes
+    with pytest.raises(UserError) as err:
+        check_compatible(cfg)
+    msg = str(err.value)
+    assert "model=swin" in msg and "'text'" in msg
+    for name in ("cifar10", "digits", "imagefolder", "imagenet", "mnist"):
+        assert name in msg
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_configs_compose(tmp_path, experiment):
+    cfg = compose_cfg([f"experiment={experiment}"], tmp_path)
+    OmegaConf.to_container(cfg, resolve=True)
+    assert cfg.task_name == experiment
+
+
+@pytest.mark.parametrize("group", ["model", "data", "optimizer", "scheduler", "trainer"])
+def test_each_option_maps_to_a_constructor(tmp_path, group):
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        cfg = compose_cfg([f"{group}={path.stem}"], tmp_path)
+        assert "_target_" in cfg[group], f"{group}/{path.name} has no _target_"
+        if group in ("optimizer", "scheduler"):
+            assert cfg[group]._partial_ is True
+
+
+@pytest.mark.parametrize("override", [
+    "optimizer=sgd", "optimizer=adam", "scheduler=linear", "scheduler=constant", "scheduler=plateau",
+    "trainer=gpu", "trainer=ddp", "trainer=fsdp", "trainer=multinode", "trainer.precision=bf16-mixed",
+    "model.compile=true", "logger=wandb", "logger=tensorboard", "logger=many", "debug=fdr", "debug=overfit",
+    "debug=limit", "debug=profiler", "callbacks=early_stopping", "hparams_search=vit_digits_optuna",
+])
+def test_command_line_choices_compose(tmp_path, override):
+    OmegaConf.to_container(compose_cfg([override], tmp_path), resolve=True)
+
+
+def test_unknown_option_lists_the_choices():
+    out = run_cli("train.py", "model=nosuchmodel")
+    assert out.returncode != 0
+    assert "Could not find 'model/nosuchmodel'" in out.stdout
+    for name in ("vit", "swin", "resnet50"):
+        assert name in out.stdout
+
+
+def test_cfg_job_prints_resolved_config_without_importing_torch():
+    code = (
+        "import sys; sys.argv=['train.py','model=swin','data=imagenet','trainer=ddp','--cfg','job','--resolve'];"
+        "from attnlab.cli.train import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy=[m for m in ('torch','timm','datasets','lightning') if m in sys.modules]\n"
+        "print('HEAVY', heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+    job = yaml.safe_load(out.stdout.split("HEAVY")[0])
+    assert job["model"]["backbone"] == "swin_tiny_patch4_window7_224"
+    assert job["model"]["num_classes"] == 1000
+    assert job["trainer"]["strategy"]["_target_"].endswith("DDPStrategy")

@@ -1,0 +1,133 @@
+"""DataModules on real data (scikit-learn digits, the offline CIFAR-10 / MNIST copies) and on made-up folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnlab.cli.app import user_message
+from attnlab.data.cifar import CIFARDataModule
+from attnlab.data.digits import DigitsDataModule
+from attnlab.data.imagefolder import ImageFolderDataModule
+from attnlab.data.imagenet import ImageNetDataModule
+from attnlab.data.mnist import MNISTDataModule
+from attnlab.errors import UserError
+from conftest import shared
+
+
+def test_digits_splits_and_augmentation():
+    dm = DigitsDataModule(kind="images", batch_size=32)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (1258, 180, 359)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (32, 1, 8, 8) and y.dtype == torch.long
+    assert -1.0 <= x.min() and x.max() <= 1.0
+    a, b = dm.train_set[0][0], dm.train_set[0][0]
+    assert not torch.equal(a, b)  # a fresh random affine each time
+    assert torch.equal(dm.val_set[0][0], dm.val_set[0][0])
+    other = DigitsDataModule(kind="images", seed=7)
+    other.setup()
+    assert torch.equal(other.test_set.tensors[1], dm.test_set.tensors[1])  # split independent of the seed
+
+
+def test_batch_larger_than_training_split_is_refused():
+    dm = DigitsDataModule(kind="images", batch_size=5000)
+    dm.setup()
+    with pytest.raises(UserError, match=r"data.batch_size=5000 is larger than the training split \(1,258"):
+        dm.train_dataloader()
+
+
+def test_cifar10_from_the_offline_png_zips(tmp_path):
+    root = shared("cifar10")
+    dm = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path), batch_size=64,
+                         augment={"scale": [0.8, 1.0], "hflip": 0.5})
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (4500, 500, 10000)
+    assert dm.class_names[:3] == ["airplane", "automobile", "bird"] and dm.num_classes == 10
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (64, 3, 32, 32) and 0 <= int(y.min()) and int(y.max()) <= 9
+    cached = list(tmp_path.rglob("*.npz"))
+    assert len(cached) == 1 and not list(root.glob("*.npz"))  # cache in the project's cache dir only
+    again = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path))
+    again.setup()
+    assert len(again.test_set) == 10000
+
+
+def test_mnist_offline_test_set_is_split(tmp_path):
+    dm = MNISTDataModule(kind="images", data_dir=str(shared("mnist")), batch_size=16, test_fraction=0.2)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (7000, 1000, 2000)
+    x, _ = next(iter(dm.val_dataloader()))
+    assert x.shape == (16, 1, 28, 28)
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: MNISTDataModule(kind="images", data_dir=str(d)),
+    lambda d: CIFARDataModule(kind="images", data_dir=str(d), cache_dir=str(d)),
+])
+def test_missing_files_say_what_and_where(tmp_path, make):
+    with pytest.raises(UserError) as err:
+        make(tmp_path / "nowhere").setup()
+    msg = str(err.value)
+    assert str(tmp_path / "nowhere") in msg and "ATTNLAB_DATA_DIR" in msg and "download=true" in msg
+
+
+def test_imagenet_missing_says_how_to_get_it(tmp_path):
+    with pytest.raises(UserError) as err:
+        ImageNetDataModule(kind="images", root=str(tmp_path / "imagenet"))
+    msg = str(err.value)
+    assert "train/<wnid>/*.JPEG" in msg and "data.source=hf" in msg and str(tmp_path / "imagenet") in msg
+
+
+def _make_tree(root: Path, classes=("cat", "dog"), n=6, size=12):
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+
+
+def test_imagefolder_split_by_fraction_and_by_folders(tmp_path):
+    _make_tree(tmp_path / "flat", n=10)
+    dm = ImageFolderDataModule(kind="images", root=str(tmp_path / "flat"), image_size=8, batch_size=4,
+                               val_fraction=0.2, test_fraction=0.1)
+    assert dm.num_classes == 2 and dm.class_names == ["cat", "dog"]
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (14, 4, 2)
+    assert next(iter(dm.train_dataloader()))[0].shape == (4, 3, 8, 8)
+
+    for split in ("train", "val", "test"):
+        _make_tree(tmp_path / "split" / split, n=3)
+    dm = ImageFolderDataModule(kind="images", root=str(tmp_path / "split"), image_size=8, batch_size=2)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (6, 6, 6)
+
+
+def test_imagefolder_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        ImageFolderDataModule(kind="images", root=str(tmp_path / "missing"))
+    (tmp_path / "empty" / "cat").mkdir(parents=True)
+    with pytest.raises(UserError, match="no images found"):
+        ImageFolderDataModule(kind="images", root=str(tmp_path / "empty"))
+    _make_tree(tmp_path / "three", classes=("a", "b", "c"), n=2)
+    with pytest.raises(UserError, match="data.num_classes=5 but .* has 3 classes"):
+        ImageFolderDataModule(kind="images", root=str(tmp_path / "three"), num_classes=5)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_corrupt_image_is_named(tmp_path, workers):
+    _make_tree(tmp_path / "imgs", n=4)
+    bad = tmp_path / "imgs" / "cat" / "broken.png"
+    bad.write_bytes(b"this is not a png")
+    dm = ImageFolderDataModule(kind="images", root=str(tmp_path / "imgs"), image_size=8, batch_size=3,
+                               val_fraction=0.0, test_fraction=0.0, num_workers=workers)
+    dm.setup()
+    with pytest.raises(Exception) as err:
+        for _ in dm.train_dataloader():
+            pass
+    msg = user_message(err.value)
+    assert msg.startswith(f"cannot read image file {bad}") and "Original Traceback" not in msg
