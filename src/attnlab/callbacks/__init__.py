@@ -1,6 +1,7 @@
 """Lightning callbacks of the platform."""
 
+from attnlab.callbacks.checkpoint import ModelCheckpoint
 from attnlab.callbacks.nan_guard import NaNGuard
 from attnlab.callbacks.throughput import Throughput
 
-__all__ = ["NaNGuard", "Throughput"]
+__all__ = ["ModelCheckpoint", "NaNGuard", "Throughput"]

@@ -8,12 +8,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.errors import InstantiationException
+from hydra.utils import get_class
+from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
+
+
+def instantiate(cfg, *args, **kwargs):
+    """hydra.utils.instantiate, letting a UserError raised by the constructor through unwrapped."""
+    try:
+        return _hydra_instantiate(cfg, *args, **kwargs)
+    except InstantiationException as e:
+        cause = e.__cause__
+        while cause is not None and not isinstance(cause, UserError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
 
 
 def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
@@ -40,8 +55,11 @@ def build_task(cfg: DictConfig, dm) -> Any:
     return task_cls(**model_cfg, optimizer=optimizer, scheduler=scheduler, **dm.model_extras())
 
 
-def build_callbacks(cfg: DictConfig) -> list:
-    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
+def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
+    if not has_logger:  # nothing to monitor the learning rate into (logger=null, debug presets, sweeps)
+        callbacks = [c for c in callbacks if type(c).__name__ != "LearningRateMonitor"]
+    return callbacks
 
 
 def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None) -> list:

@@ -37,8 +37,8 @@ def train(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     save_resolved_config(cfg, out_dir / "config.yaml")
 
-    callbacks = builders.build_callbacks(cfg) + [RunMetadata(resolved)]
     loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id)
+    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved)]
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, callbacks, loggers)
     for lg in loggers:

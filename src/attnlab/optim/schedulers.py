@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
 
 def _warmup_steps(warmup: float, total_steps: int) -> int:
@@ -65,38 +65,36 @@ def plateau(
     return schedulers
 
 
-class _LinearWarmup:
+class _LinearWarmup(LRScheduler):
     """Ramps the lr up over `steps` optimizer steps, then leaves it to the other scheduler (e.g. ReduceLROnPlateau)."""
 
     def __init__(self, optimizer: Optimizer, steps: int):
-        self.optimizer, self.steps, self.last_step = optimizer, steps, 0
-        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
-        self._apply()
+        self.steps = steps
+        super().__init__(optimizer)
 
-    def _apply(self) -> None:
-        if self.last_step <= self.steps:
-            f = (self.last_step + 1) / (self.steps + 1)
+    def step(self, epoch=None) -> None:
+        self.last_epoch += 1
+        if self.last_epoch <= self.steps:
+            f = (self.last_epoch + 1) / (self.steps + 1)
             for g, lr in zip(self.optimizer.param_groups, self.base_lrs):
                 g["lr"] = lr * f
-
-    def step(self, *_args) -> None:
-        self.last_step += 1
-        self._apply()
-
-    def state_dict(self) -> dict:
-        return {"last_step": self.last_step, "base_lrs": self.base_lrs, "steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
 
 def onecycle(optimizer: Optimizer, total_steps: int, pct_start: float = 0.3, div_factor: float = 25.0,
              final_div_factor: float = 1e4) -> dict:
-    """Smith's one-cycle policy (torch OneCycleLR): warm up from lr/div_factor over pct_start of the steps,
-    then cosine-anneal to lr/(div_factor*final_div_factor). The peak is the optimizer's lr."""
-    from torch.optim.lr_scheduler import OneCycleLR
+    """Smith's one-cycle policy with torch OneCycleLR's cosine phases: from lr/div_factor up to lr over pct_start
+    of the steps, then down to lr/(div_factor*final_div_factor). The peak is the optimizer's lr. A LambdaLR, so a
+    resumed run with more steps stretches the schedule instead of failing."""
+    start, end = 1.0 / div_factor, 1.0 / (div_factor * final_div_factor)
+    up = max(1.0, pct_start * total_steps - 1)
 
-    peaks = [g["lr"] for g in optimizer.param_groups]
-    sched = OneCycleLR(optimizer, max_lr=peaks, total_steps=total_steps, pct_start=pct_start,
-                       div_factor=div_factor, final_div_factor=final_div_factor, cycle_momentum=False)
-    return {"scheduler": sched, "interval": "step", "frequency": 1, "name": "lr"}
+    def cos(a: float, b: float, t: float) -> float:
+        return b + (a - b) / 2.0 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    def factor(step: int) -> float:
+        if step <= up:
+            return cos(start, 1.0, step / up)
+        return cos(1.0, end, (step - up) / max(1.0, total_steps - 1 - up))
+
+    return {"scheduler": LambdaLR(optimizer, factor), "interval": "step", "frequency": 1, "name": "lr"}

@@ -1,0 +1,136 @@
+"""Training runs in-process through the same `train(cfg)` as train.py: presets, experiments, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from attnlab.cli.training import train
+from attnlab.errors import UserError
+from attnlab.tasks.classification import ImageClassifier
+from conftest import FAST, compose_cfg
+
+
+def _ckpt(tmp_path: Path, name="last.ckpt") -> Path:
+    return tmp_path / "checkpoints" / name
+
+
+@pytest.mark.parametrize("experiment", ["vit_digits", "swin_digits", "vit_cifar10"])
+def test_fast_dev_run_of_each_experiment(tmp_path, experiment):
+    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.batch_size=8", *FAST], tmp_path)
+    train(cfg)  # one batch of train, val and test
+
+
+def test_imagenet_experiment_stops_at_the_missing_files(tmp_path):
+    cfg = compose_cfg(["experiment=swin_imagenet", "debug=fdr", *FAST], tmp_path)
+    with pytest.raises(UserError, match="ImageNet-1k not found"):
+        train(cfg)
+
+
+def test_any_timm_backbone_by_name(tmp_path):
+    cfg = compose_cfg(["model.backbone=resnet18", "debug=fdr", *FAST], tmp_path)
+    train(cfg)
+    cfg = compose_cfg(["model.backbone=not_a_model_xyz", "debug=fdr", *FAST], tmp_path)
+    with pytest.raises(UserError, match="not a timm model"):
+        train(cfg)
+
+
+def test_overfit_preset_memorizes_its_batches(tmp_path):
+    cfg = compose_cfg(["debug=overfit", "data.augment=null", "test=false", *FAST], tmp_path)
+    train(cfg)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["train/acc"] == 1.0 and metrics["train/loss_epoch"] < 0.7  # label smoothing 0.1 floor ~0.5
+
+
+def test_limit_and_profiler_presets(tmp_path):
+    train(compose_cfg(["debug=limit", *FAST], tmp_path / "limit"))
+    train(compose_cfg(["debug=profiler", "trainer.limit_train_batches=5", *FAST], tmp_path / "prof"))
+
+
+def test_resume_continues_from_the_saved_step(tmp_path):
+    base = ["trainer.limit_train_batches=5", "trainer.limit_val_batches=2", "test=false", *FAST]
+    first = tmp_path / "first"
+    train(compose_cfg([*base, "trainer.max_epochs=2"], first))
+    saved = torch.load(_ckpt(first), weights_only=False)
+    assert saved["global_step"] == 10 and saved["epoch"] == 1
+
+    second = tmp_path / "second"
+    train(compose_cfg([*base, "trainer.max_epochs=3", f"ckpt_path={_ckpt(first)}"], second))
+    resumed = torch.load(_ckpt(second), weights_only=False)
+    assert resumed["global_step"] == 15 and resumed["epoch"] == 2
+    df = pd.read_csv(second / "csv" / "metrics.csv")
+    assert df["epoch"].dropna().min() == 2  # nothing re-trained
+    # the schedule went on where it stopped instead of restarting its warmup
+    lr_before = saved["lr_schedulers"][0]["last_epoch"]
+    assert resumed["lr_schedulers"][0]["last_epoch"] == lr_before + 5
+
+
+def test_ckpt_path_last_finds_the_newest_run(tmp_path):
+    base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "test=false", *FAST]
+    cfg = compose_cfg([*base, "trainer.max_epochs=1"], tmp_path)
+    logs = Path(cfg.paths.log_dir)
+    run_dir = logs / "train" / "runs" / "2026-01-01_00-00-00"
+    cfg.paths.output_dir = str(run_dir)
+    cfg.callbacks.model_checkpoint.dirpath = str(run_dir / "checkpoints")
+    train(cfg)
+    cfg2 = compose_cfg([*base, "trainer.max_epochs=2", "ckpt_path=last"], tmp_path / "again")
+    cfg2.paths.log_dir = str(logs)
+    train(cfg2)
+    assert torch.load(tmp_path / "again" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    cfg = compose_cfg([f"ckpt_path={tmp_path}/nope.ckpt", *FAST], tmp_path)
+    with pytest.raises(UserError, match="does not exist"):
+        train(cfg)
+    cfg = compose_cfg(["ckpt_path=last", *FAST], tmp_path)
+    with pytest.raises(UserError, match="no last.ckpt under"):
+        train(cfg)
+
+
+def test_checkpoint_of_another_task_is_refused(tmp_path):
+    base = ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.max_epochs=1", "test=false",
+            *FAST]
+    train(compose_cfg(base, tmp_path / "a"))
+    ckpt = torch.load(_ckpt(tmp_path / "a"), weights_only=False)
+    ckpt["attnlab"]["config"]["model"]["_target_"] = "attnlab.tasks.language_model.GPTTask"
+    torch.save(ckpt, tmp_path / "other.ckpt")
+    cfg = compose_cfg([*base, f"ckpt_path={tmp_path}/other.ckpt"], tmp_path / "b")
+    with pytest.raises(UserError, match="was trained by task attnlab.tasks.language_model.GPTTask"):
+        train(cfg)
+    torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
+    cfg = compose_cfg([*base, f"ckpt_path={tmp_path}/foreign.ckpt"], tmp_path / "c")
+    with pytest.raises(UserError, match="not written by attnlab"):
+        train(cfg)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    step = ImageClassifier.training_step
+
+    def poisoned(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        return loss * float("nan") if self.global_step >= 45 else loss
+
+    monkeypatch.setattr(ImageClassifier, "training_step", poisoned)
+    cfg = compose_cfg(["trainer.max_epochs=3", *FAST], tmp_path)
+    with pytest.raises(UserError) as err:
+        train(cfg)
+    msg = str(err.value)
+    assert "at step 46" in msg and "epoch 1" in msg and str(_ckpt(tmp_path)) in msg
+    kept = torch.load(_ckpt(tmp_path), weights_only=False)
+    assert kept["global_step"] == 39  # the end of epoch 0, written before the loss broke
+    assert all(torch.isfinite(v).all() for v in kept["state_dict"].values() if v.is_floating_point())
+
+
+def test_optimizer_and_scheduler_choices_train(tmp_path):
+    for i, (opt, sched) in enumerate([("sgd", "cosine"), ("adam", "plateau"), ("adamw", "linear")]):
+        cfg = compose_cfg([f"optimizer={opt}", f"scheduler={sched}", "scheduler.warmup=2", "trainer.max_epochs=2",
+                           "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "test=false", *FAST],
+                          tmp_path / str(i))
+        value = train(cfg)
+        assert value is not None and not math.isnan(value)
