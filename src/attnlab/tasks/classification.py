@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 import attnlab.nn.timm_compact  # noqa: F401  (registers vit_compact with timm)
 from attnlab.errors import UserError
 from attnlab.tasks.base import BaseTask
+from attnlab.utils.media import log_table, samples_wanted, to_display
 
 
 def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
@@ -110,7 +111,11 @@ class ImageClassifier(BaseTask):
         return logits
 
     def validation_step(self, batch, batch_idx):
-        return self._eval_step(batch, "val")
+        logits = self._eval_step(batch, "val")
+        n = samples_wanted(self.trainer) if batch_idx == 0 else 0
+        if n:  # the first validation images, to be logged as a W&B table at the end of the epoch
+            self._samples = (batch[0][:n].cpu(), batch[1][:n].cpu(), logits[:n].float().softmax(-1).cpu())
+        return logits
 
     def on_validation_epoch_end(self):
         acc = self.val_acc.compute()
@@ -119,6 +124,24 @@ class ImageClassifier(BaseTask):
         self.val_acc.reset()
         self.val_acc5.reset()
         self.log_best(acc)
+        self._log_samples()
+
+    def _log_samples(self) -> None:
+        samples, self._samples = getattr(self, "_samples", None), None
+        if samples is None or self.trainer.sanity_checking:
+            return
+        import wandb
+
+        names = list(self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)])
+        rows, images = [], []
+        for img, y, p in zip(*samples):
+            conf, pred = p.max(-1)
+            pred_name, label = names[int(pred)], names[int(y)]
+            caption = f"predicted {pred_name} ({float(conf):.2f}), label {label}"
+            images.append(wandb.Image(to_display(img), caption=caption))
+            rows.append([images[-1], pred_name, label, float(conf), pred_name == label])
+        log_table(self.trainer, "val/predictions", ["image", "predicted", "label", "confidence", "correct"], rows,
+                  images)
 
     def test_step(self, batch, batch_idx):
         return self._eval_step(batch, "test")

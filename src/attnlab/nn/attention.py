@@ -1,0 +1,91 @@
+"""Multi-head attention on `F.scaled_dot_product_attention`: self- or cross-attention, causal and padding
+masks, rotary positions, and a key/value cache for incremental decoding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.positional import RotaryEmbedding
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, one per attention layer: (B, n_head, T_seen, head_dim)."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention (`forward(x)`), or with `cross=True` attention from x to a context (`forward(x, context)`).
+
+    Masks: `causal=True` lets position t see positions <= t (offset by what the cache holds);
+    `key_padding_mask` (B, S) is True where a key is real, False where it is padding.
+    """
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 rotary: RotaryEmbedding | None = None, cross: bool = False):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
+        self.n_head, self.head_dim = n_head, n_embd // n_head
+        self.cross = cross
+        if cross:  # queries from x, keys and values from the context
+            self.q_proj = nn.Linear(n_embd, n_embd, bias=bias)
+            self.kv_proj = nn.Linear(n_embd, 2 * n_embd, bias=bias)
+        else:  # one matmul for q, k, v
+            self.qkv_proj = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.out_proj.residual_scaled = True  # GPT-2 init: std / sqrt(2 * n_layer)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+        self.rotary = rotary
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, C = t.shape
+        return t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
+                key_padding_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        if self.cross:
+            if context is None:
+                raise ValueError("cross-attention needs a context")
+            q = self._heads(self.q_proj(x))                           # (B, nh, T, hd)
+            k, v = (self._heads(t) for t in self.kv_proj(context).split(C, dim=2))  # (B, nh, S, hd) each
+        else:
+            q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(C, dim=2))   # (B, nh, T, hd) each
+        past = cache.length if cache is not None else 0
+        if self.rotary is not None and not self.cross:
+            q, k = self.rotary(q, past), self.rotary(k, past)
+        if cache is not None:
+            k, v = cache.append(k, v)                                 # (B, nh, past + T, hd)
+        S = k.shape[2]
+
+        mask = None
+        if key_padding_mask is not None:
+            mask = key_padding_mask[:, None, None, :].bool()          # (B, 1, 1, S)
+        if causal and T > 1:
+            # query t (absolute position past + t) sees keys <= past + t
+            allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)  # (T, S)
+            mask = allowed if mask is None else mask & allowed
+        use_causal_flag = causal and mask is not None and key_padding_mask is None and S == T
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=None if use_causal_flag else mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=use_causal_flag,
+        )                                                             # (B, nh, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)              # (B, T, C)
+        return self.resid_dropout(self.out_proj(y))

@@ -1,0 +1,151 @@
+"""A GPT decoder (nanoGPT-style): token + position embeddings, causal Transformer blocks, tied LM head."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.errors import UserError
+from attnlab.nn.attention import KVCache
+from attnlab.nn.embeddings import TokenPositionEmbedding
+from attnlab.nn.layers import Block, init_gpt2_, make_norm
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 256
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = False
+    positional: str = "learned"      # learned | sinusoidal | rope
+    norm: str = "layernorm"          # layernorm | rmsnorm
+    norm_position: str = "pre"       # pre | post
+    ffn: str = "gelu"                # relu | gelu | swiglu
+    ffn_mult: float = 4.0
+    tie_weights: bool = True
+    pad_vocab_multiple: int = 1      # round the embedding table up (GPT-2: 50257 -> 50304) for faster matmuls
+
+    @classmethod
+    def split(cls, kwargs: dict) -> tuple[GPTConfig, dict]:
+        """(the GPTConfig built from the keys it knows, the other keys)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
+                                                                        if k not in names}
+
+    @property
+    def padded_vocab(self) -> int:
+        m = max(1, int(self.pad_vocab_multiple))
+        return math.ceil(self.vocab_size / m) * m
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = int(self.ffn_mult * self.n_embd)
+        return int(2 * hidden / 3) if self.ffn == "swiglu" else hidden  # SwiGLU keeps the parameter count
+
+
+def check_length(T: int, block_size: int, what: str = "model.block_size") -> None:
+    if T > block_size:
+        raise UserError(
+            f"a sequence of {T} tokens is longer than the model's positional table ({what}={block_size}). "
+            f"Set data.block_size (or data.max_length) to at most {block_size}, or build the model with "
+            f"{what}={T} or more."
+        )
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.embed = TokenPositionEmbedding(c.padded_vocab, c.n_embd, c.block_size, c.positional, c.n_head,
+                                            c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(c.n_embd, c.n_head, c.ffn_hidden, c.ffn, c.dropout, c.bias, c.norm, c.norm_position,
+                  self.embed.rotary)
+            for _ in range(c.n_layer)
+        )
+        self.norm_f = make_norm(c.norm, c.n_embd, c.bias) if c.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(c.n_embd, c.padded_vocab, bias=False)
+        init_gpt2_(self, c.n_layer)
+        if c.tie_weights:
+            self.lm_head.weight = self.embed.wte.weight
+
+    def forward(self, idx: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        B, T = idx.shape
+        offset = caches[0].length if caches else 0
+        check_length(offset + T, self.config.block_size)
+        x = self.embed(idx, offset)                                      # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, causal=True, cache=caches[i] if caches else None)
+        return self.lm_head(self.norm_f(x))                              # (B, T, padded_vocab)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(idx)                                               # (B, T, V)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+
+    # ---- sampling
+    @torch.no_grad()
+    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+               top_k: int | None = None, generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+        """Yields each new token (B, 1). The KV cache holds the keys/values of the context, so each step runs
+        the model on one token; past block_size tokens the context is cropped and recomputed (nanoGPT's rule)."""
+        V, block = self.config.vocab_size, self.config.block_size
+        caches = [KVCache() for _ in self.blocks]
+        logits = self(idx[:, -block:], caches)[:, -1, :V]                # (B, V)
+        for _ in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, generator)     # (B, 1)
+            yield nxt
+            idx = torch.cat([idx, nxt], dim=1)
+            if caches[0].length >= block:                                # no room: recompute the cropped context
+                caches = [KVCache() for _ in self.blocks]
+                logits = self(idx[:, -block:], caches)[:, -1, :V]
+            else:
+                logits = self(nxt, caches)[:, -1, :V]
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """idx (B, T) -> (B, T + max_new_tokens)."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, generator))
+        return torch.cat([idx, *new], dim=1)
+
+    # ---- bookkeeping
+    def no_weight_decay(self) -> set[str]:
+        return {n for n, _ in self.named_parameters() if n.startswith("embed.pos.")}
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters, counted once when tied; without the position table (nanoGPT's count) by default."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.embed.pos is not None:
+            n -= sum(p.numel() for p in self.embed.pos.parameters())
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token: 6N for the weights plus 12 L H Q T for attention
+        (PaLM appendix B, as in nanoGPT's MFU estimate)."""
+        c = self.config
+        T = seq_len or c.block_size
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in asdict(self.config).items())
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (B, V) -> token ids (B, 1); temperature 0 is greedy."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, [-1]]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits.float(), dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -1,0 +1,103 @@
+"""Transformer layers: norms, feed-forward networks, and the block (self-attention, optional
+cross-attention, feed-forward) with pre- or post-norm residuals."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.attention import KVCache, MultiHeadAttention
+from attnlab.nn.positional import RotaryEmbedding
+
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+FFNS = ("relu", "gelu", "swiglu")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(kind: str, dim: int, bias: bool = True) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, bias=bias)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    raise ValueError(f"norm '{kind}' is not one of {NORMS}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: relu / gelu (n_embd -> hidden -> n_embd) or SwiGLU (silu(x W1) * x W3, then W2)."""
+
+    def __init__(self, n_embd: int, hidden: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if activation not in FFNS:
+            raise ValueError(f"ffn '{activation}' is not one of {FFNS}")
+        self.activation = activation
+        self.fc = nn.Linear(n_embd, 2 * hidden if activation == "swiglu" else hidden, bias=bias)
+        self.proj = nn.Linear(hidden, n_embd, bias=bias)
+        self.proj.residual_scaled = True
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)                                          # (B, T, hidden) or (B, T, 2*hidden)
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.relu(h)
+        return self.dropout(self.proj(h))                       # (B, T, C)
+
+
+class Block(nn.Module):
+    """pre-norm:  x = x + attn(norm(x)); x = x + ffn(norm(x))      (GPT-2)
+    post-norm: x = norm(x + attn(x));   x = norm(x + ffn(x))       (original Transformer, BERT)
+    With `cross=True` a cross-attention sub-layer over `context` sits between the two (decoder of a seq2seq)."""
+
+    def __init__(self, n_embd: int, n_head: int, ffn_hidden: int, ffn: str = "gelu", dropout: float = 0.0,
+                 bias: bool = True, norm: str = "layernorm", norm_position: str = "pre",
+                 rotary: RotaryEmbedding | None = None, cross: bool = False):
+        super().__init__()
+        if norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm position '{norm_position}' is not one of {NORM_POSITIONS}")
+        self.pre = norm_position == "pre"
+        self.norm1 = make_norm(norm, n_embd, bias)
+        self.attn = MultiHeadAttention(n_embd, n_head, dropout, bias, rotary)
+        self.cross_attn = MultiHeadAttention(n_embd, n_head, dropout, bias, cross=True) if cross else None
+        self.norm_cross = make_norm(norm, n_embd, bias) if cross else None
+        self.norm2 = make_norm(norm, n_embd, bias)
+        self.ffn = FeedForward(n_embd, ffn_hidden, ffn, dropout, bias)
+
+    def _sublayer(self, x: torch.Tensor, norm: nn.Module, fn) -> torch.Tensor:
+        return x + fn(norm(x)) if self.pre else norm(x + fn(x))
+
+    def forward(self, x: torch.Tensor, causal: bool = False, key_padding_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, context: torch.Tensor | None = None,
+                context_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self._sublayer(x, self.norm1, lambda h: self.attn(h, causal=causal, key_padding_mask=key_padding_mask,
+                                                              cache=cache))
+        if self.cross_attn is not None:
+            x = self._sublayer(x, self.norm_cross, lambda h: self.cross_attn(
+                h, context, key_padding_mask=context_padding_mask))
+        return self._sublayer(x, self.norm2, self.ffn)          # (B, T, C)
+
+
+def init_gpt2_(module: nn.Module, n_layer: int, std: float = 0.02) -> None:
+    """GPT-2 initialization: N(0, 0.02) weights, zero biases, residual projections scaled by 1/sqrt(2 n_layer)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            s = std / (2 * n_layer) ** 0.5 if getattr(m, "residual_scaled", False) else std
+            nn.init.normal_(m.weight, mean=0.0, std=s)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=std)

@@ -1,0 +1,142 @@
+"""The entry points as a user runs them: `make train`, eval.py, predict.py, DDP, multirun, sweeps, W&B offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from conftest import ROOT, SHARED_DATA, run_cli
+
+QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
+         "trainer.limit_test_batches=2", "extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+def _run_dirs(logs: Path) -> list[Path]:
+    return sorted(p.parent for p in logs.rglob("config.yaml") if p.parent.name != ".hydra")
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`make train`: the default experiment, exactly as the README says."""
+    tmp = tmp_path_factory.mktemp("make_train")
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_DATA_DIR": str(SHARED_DATA)}
+    out = subprocess.run(["make", "-s", "train"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (run_dir,) = _run_dirs(tmp / "logs")
+    return out.stdout, run_dir
+
+
+@pytest.mark.slow
+def test_make_train_reaches_97_percent_and_writes_the_run(default_run):
+    stdout, run_dir = default_run
+    acc = float(re.search(r"Test accuracy: ([\d.]+)%", stdout).group(1))
+    assert acc >= 97.0, stdout[-2000:]
+    assert run_dir.parent.name == "runs" and run_dir.parents[1].name == "vit_digits" or "train"
+    for name in ("config.yaml", "config_tree.log", ".hydra/config.yaml", "checkpoints/last.ckpt",
+                 "csv/metrics.csv", "metrics.json", "train.log"):
+        assert (run_dir / name).exists(), name
+    assert len(list((run_dir / "checkpoints").glob("epoch_*.ckpt"))) == 1
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["test/acc"] * 100 == pytest.approx(acc, abs=0.01)
+    assert metrics["val/acc_best"] >= metrics["val/acc"]
+    header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0]
+    for key in ("train/loss_step", "val/acc", "val/acc_best", "lr", "perf/samples_per_s", "perf/mfu"):
+        assert key in header, key
+
+
+@pytest.mark.slow
+def test_eval_reproduces_the_test_metric(default_run, tmp_path):
+    _, run_dir = default_run
+    (best,) = (run_dir / "checkpoints").glob("epoch_*.ckpt")
+    out = run_cli("eval.py", f"ckpt_path={best}", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stdout[-3000:]
+    trained = json.loads((run_dir / "metrics.json").read_text())["test/acc"]
+    evaluated = json.loads((tmp_path / "metrics.json").read_text())["test/acc"]
+    assert evaluated == pytest.approx(trained, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_predict_prints_top5_per_image(default_run, tmp_path):
+    from sklearn.datasets import load_digits
+
+    _, run_dir = default_run
+    digits = load_digits()
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(10):
+        Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8)).save(folder / f"digit{i}_{digits.target[i]}.png")
+    out = run_cli("predict.py", f"ckpt_path={run_dir}/checkpoints/last.ckpt", f"input={folder}",
+                  f"hydra.run.dir={tmp_path}/out", "extras.print_config=false")
+    assert out.returncode == 0, out.stdout[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(str(folder))]
+    assert len(lines) == 10 and all(" 5. " in ln for ln in lines)
+    right = sum(ln.split(": 1. ")[1].split()[0] == Path(ln.split(":")[0]).stem.split("_")[1] for ln in lines)
+    assert right >= 8  # these are real digits: the trained model gets (nearly) all of them
+    assert (tmp_path / "out" / "predictions.csv").read_text().count("\n") == 11
+
+
+def test_user_errors_print_one_paragraph_without_traceback(tmp_path, log_env):
+    out = run_cli("train.py", "data=mnist", f"data.data_dir={tmp_path}/missing", env=log_env)
+    assert out.returncode == 2
+    assert "attnlab: error: MNIST files not found in" in out.stdout and "Traceback" not in out.stdout
+    out = run_cli("eval.py", f"ckpt_path={tmp_path}/none.ckpt", env=log_env)
+    assert out.returncode == 2 and "does not exist" in out.stdout and "Traceback" not in out.stdout
+
+
+def test_ddp_cpu_two_processes_one_run_directory(tmp_path, log_env):
+    out = run_cli("train.py", "trainer=ddp_cpu", *QUICK, env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (run_dir,) = _run_dirs(tmp_path / "logs")
+    assert (run_dir / "train_ddp_process_1.log").exists()  # the second rank wrote into the same directory
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 5
+
+
+def test_multirun_with_ddp_writes_one_directory_per_job(tmp_path, log_env):
+    out = run_cli("train.py", "-m", "optimizer.lr=1e-3,3e-4", "trainer=ddp_cpu", *QUICK, env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0", "1"]
+    lrs = [yaml.safe_load((sweep / j / "config.yaml").read_text())["optimizer"]["lr"] for j in jobs]
+    assert lrs == [1e-3, 3e-4]
+    assert all((sweep / j / "metrics.json").exists() for j in jobs)
+
+
+def test_optuna_sweep_optimizes_the_returned_metric(tmp_path, log_env):
+    out = run_cli("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2", *QUICK,
+                  env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (result,) = (tmp_path / "logs").rglob("optimization_results.yaml")
+    best = yaml.safe_load(result.read_text())
+    assert 0.0 <= best["best_value"] <= 1.0 and "optimizer.lr" in best["best_params"]
+
+
+def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_path, log_env):
+    env = log_env | {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
+    out = run_cli("train.py", "logger=wandb", *QUICK, "test=false", env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "W&B: no API key found" in out.stdout and "wandb sync" in out.stdout
+    (run_dir,) = _run_dirs(tmp_path / "logs")
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    run_id = offline.name.rsplit("-", 1)[1]
+    media = offline / "files" / "media"
+    assert list(media.rglob("predictions*.table.json")) and list(media.rglob("*.png"))
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["attnlab"]["wandb_run_id"] == run_id
+
+    out = run_cli("train.py", "logger=wandb", *QUICK[1:], "trainer.max_epochs=2", "test=false",
+                  f"ckpt_path={run_dir}/checkpoints/last.ckpt", env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    resumed = [d for d in _run_dirs(tmp_path / "logs") if d != run_dir][0]
+    (offline2,) = (resumed / "wandb").glob("offline-run-*")
+    assert offline2.name.endswith(run_id)  # the same W&B run continues
