@@ -30,9 +30,12 @@ def test_every_model_composes_with_every_data_config_or_is_refused(tmp_path, mod
         if kind in accepts:
             check_compatible(cfg)
             resolved = OmegaConf.to_container(cfg, resolve=True)
-            assert resolved["model"]["num_classes"] == resolved["data"]["num_classes"]
-            assert resolved["model"]["img_size"] == resolved["data"]["image_size"]
-            assert resolved["model"]["in_chans"] == resolved["data"]["channels"]
+            # what the model reads from the data (num_classes, image_size, vocab_size, ...) resolves to it
+            links = {k: v[len("${data."):-1] for k, v in OmegaConf.to_container(cfg.model).items()
+                     if isinstance(v, str) and v.startswith("${data.") and v.endswith("}")}
+            assert links, f"model={model} reads nothing from the data"
+            for key, data_key in links.items():
+                assert resolved["model"][key] == resolved["data"][data_key]
         else:
             with pytest.raises(UserError, match="Compatible data configs"):
                 check_compatible(cfg)
@@ -70,6 +73,7 @@ def test_each_option_maps_to_a_constructor(tmp_path, group):
     "trainer=gpu", "trainer=ddp", "trainer=fsdp", "trainer=multinode", "trainer.precision=bf16-mixed",
     "model.compile=true", "logger=wandb", "logger=tensorboard", "logger=many", "debug=fdr", "debug=overfit",
     "debug=limit", "debug=profiler", "callbacks=early_stopping", "hparams_search=vit_digits_optuna",
+    "launcher=slurm", "launcher=local", "scheduler=onecycle",
 ])
 def test_command_line_choices_compose(tmp_path, override):
     OmegaConf.to_container(compose_cfg([override], tmp_path), resolve=True)

@@ -1,0 +1,97 @@
+"""Platform overhead on image classification: images/s of a train.py run against a bare PyTorch loop that trains
+the same model on the same batches, measured in one process, alternating, so machine noise hits both.
+
+    python benchmarks/classification_overhead.py [--epochs 5] [--repeats 2] [overrides ...]
+
+Prints one markdown row per repeat and the median ratio ours / bare (1.0 = no overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import compose_cfg  # noqa: E402
+
+from attnlab.cli import builders  # noqa: E402
+
+
+def _cfg(overrides: list[str], out: Path, epochs: int):
+    return compose_cfg([f"trainer.max_epochs={epochs}", "trainer.limit_val_batches=0", "trainer.num_sanity_val_steps=0",
+                        "test=false", "callbacks.model_summary=null", "extras.print_config=false", *overrides], out)
+
+
+def bare(overrides: list[str], epochs: int, out: Path) -> float:
+    """The same task network, optimizer param groups, schedule and DataLoader, in a plain loop."""
+    cfg = _cfg(overrides, out, epochs)
+    torch.manual_seed(cfg.seed)
+    dm = builders.build_datamodule(cfg.data)
+    model = builders.build_task(cfg, dm)
+    net = model.net
+    loader = dm.train_dataloader()
+    steps = epochs * len(loader)
+
+    class _T:  # what configure_optimizers reads from the trainer
+        estimated_stepping_batches = steps
+        model = net
+
+    model._trainer = _T()
+    conf = model.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    smoothing = cfg.model.label_smoothing
+    net.train()
+    n, start = 0, time.perf_counter()
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.cross_entropy(net(x), y, label_smoothing=smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            n += x.shape[0]
+    return n / (time.perf_counter() - start)
+
+
+def ours(overrides: list[str], epochs: int, out: Path) -> float:
+    """train.py's own code path (callbacks, loggers, progress bar as configured), fit time only."""
+    cfg = _cfg(overrides, out, epochs)
+    dm = builders.build_datamodule(cfg.data)
+    model = builders.build_task(cfg, dm)
+    loggers = builders.build_loggers(cfg)
+    trainer = builders.build_trainer(cfg, builders.build_callbacks(cfg, bool(loggers)), loggers)
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    elapsed = time.perf_counter() - start
+    return trainer.global_step * dm.batch_size / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    ratios = []
+    print("| repeat | bare images/s | train.py images/s | ratio |\n|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            b = bare(args.overrides, args.epochs, Path(tmp) / f"b{r}")
+            o = ours(args.overrides, args.epochs, Path(tmp) / f"o{r}")
+            ratios.append(o / b)
+            print(f"| {r} | {b:.0f} | {o:.0f} | {o / b:.3f} |", flush=True)
+    print(f"median ratio train.py / bare loop: {statistics.median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()
