@@ -140,3 +140,11 @@ def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_pa
     resumed = [d for d in _run_dirs(tmp_path / "logs") if d != run_dir][0]
     (offline2,) = (resumed / "wandb").glob("offline-run-*")
     assert offline2.name.endswith(run_id)  # the same W&B run continues
+
+
+def test_incompatible_model_and_data_are_refused_with_the_choices(log_env):
+    out = run_cli("train.py", "model=swin", "data=tinyshakespeare", env=log_env)
+    assert out.returncode == 2 and "Traceback" not in out.stdout
+    msg = out.stdout.split("attnlab: error: ")[1]
+    assert "model=swin cannot train on data=tinyshakespeare" in msg
+    assert "cifar10" in msg and "digits" in msg and "imagenet" in msg

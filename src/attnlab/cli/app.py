@@ -34,6 +34,10 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     env_before = dict(os.environ)
     try:
+        if "model" in cfg and "data" in cfg:  # refuse an incompatible pair before resolving or building anything
+            from attnlab.config import check_compatible
+
+            check_compatible(cfg)
         if extras.get("print_config") and _is_rank_zero():
             from attnlab.utils.rich_config import print_config_tree
 
