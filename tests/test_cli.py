@@ -30,7 +30,7 @@ def default_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("make_train")
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_DATA_DIR": str(SHARED_DATA)}
     out = subprocess.run(["make", "-s", "train"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=600)
+                         stderr=subprocess.STDOUT, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:]
     (run_dir,) = _run_dirs(tmp / "logs")
     return out.stdout, run_dir

@@ -73,3 +73,13 @@ def test_plateau_warmup_leaves_plateau_in_charge():
     plateau["scheduler"].step(2.0)  # no improvement: halve
     warm["scheduler"].step()
     assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_global_batch_size_sets_gradient_accumulation():
+    from attnlab.cli.builders import accumulation_for
+    from attnlab.errors import UserError
+
+    assert accumulation_for(512, 64, 4, 1) == 2
+    assert accumulation_for(480, 12, 8, 5) == 1
+    with pytest.raises(UserError, match="global_batch_size=100 is not a multiple of .* = 64"):
+        accumulation_for(100, 32, 2, 1)

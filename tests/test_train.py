@@ -48,8 +48,10 @@ def test_overfit_preset_memorizes_its_batches(tmp_path):
 
 
 def test_limit_and_profiler_presets(tmp_path):
-    train(compose_cfg(["debug=limit", *FAST], tmp_path / "limit"))
-    train(compose_cfg(["debug=profiler", "trainer.limit_train_batches=5", *FAST], tmp_path / "prof"))
+    train(compose_cfg(["debug=limit", "trainer.max_epochs=2", "trainer.detect_anomaly=false", *FAST],
+                      tmp_path / "limit"))
+    train(compose_cfg(["debug=profiler", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
+                       "trainer.limit_test_batches=2", *FAST], tmp_path / "prof"))
 
 
 def test_resume_continues_from_the_saved_step(tmp_path):

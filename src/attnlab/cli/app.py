@@ -56,7 +56,6 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 def _fail(e: BaseException) -> None:
     msg = user_message(e)
-    log.error(msg)
     print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
 

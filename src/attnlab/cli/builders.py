@@ -72,14 +72,51 @@ def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None) -> list:
     return loggers
 
 
+def device_count(trainer_cfg) -> int:
+    devices, accel = trainer_cfg.get("devices", 1), trainer_cfg.get("accelerator", "auto")
+    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        return len(devices)
+    if devices in ("auto", -1, "-1"):
+        gpus = torch.cuda.device_count() if accel in ("gpu", "cuda", "auto") else 0
+        return gpus or 1
+    return int(devices)
+
+
+def accumulation_for(global_batch_size: int, batch_size: int, devices: int, nodes: int) -> int:
+    """Gradient accumulation giving `global_batch_size` samples per optimizer step on devices x nodes."""
+    per_step = batch_size * devices * nodes
+    if global_batch_size % per_step:
+        raise UserError(
+            f"global_batch_size={global_batch_size} is not a multiple of data.batch_size x devices x nodes = "
+            f"{batch_size} x {devices} x {nodes} = {per_step}. Pick a global batch size that is, or change "
+            "data.batch_size (the per-device batch)."
+        )
+    return global_batch_size // per_step
+
+
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
     trainer_cfg = cfg.trainer
+    if cfg.get("global_batch_size"):
+        accumulate = accumulation_for(int(cfg.global_batch_size), int(cfg.data.batch_size),
+                                      device_count(trainer_cfg), int(trainer_cfg.get("num_nodes", 1)))
+        with open_dict(trainer_cfg):
+            trainer_cfg.accumulate_grad_batches = accumulate
+        log.info("global_batch_size=%d: accumulating gradients over %d batches", cfg.global_batch_size, accumulate)
     if trainer_cfg.get("accelerator") == "cpu" and isinstance(trainer_cfg.get("devices"), int):
-        # CPU processes of a DDP run share the cores instead of each taking all of them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, trainer_cfg.devices)))
+        # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
+        # threads than the process was given, e.g. by OMP_NUM_THREADS)
+        share = max(1, (os.cpu_count() or 1) // max(1, trainer_cfg.devices))
+        torch.set_num_threads(min(torch.get_num_threads(), share))
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
-    return instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False)
+    extra = {}
+    strategy = trainer_cfg.get("strategy") or ""
+    target = str(strategy if isinstance(strategy, str) else strategy.get("_target_", "")).lower()
+    if not trainer_cfg.get("plugins") and "fsdp" not in target and "deepspeed" not in target:  # sharded: own IO
+        from attnlab.callbacks.checkpoint import AtomicCheckpointIO
+
+        extra["plugins"] = [AtomicCheckpointIO()]
+    return instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False, **extra)
 
 
 # ---- checkpoints

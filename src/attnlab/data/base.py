@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from attnlab.data.samplers import EpochShuffleSampler
 from attnlab.errors import UserError
@@ -69,10 +69,18 @@ class BaseDataModule(L.LightningDataModule):
                 f"data.batch_size={bs} is larger than the training split ({len(ds):,} samples). "
                 f"Set data.batch_size to at most {len(ds)} (or use more data)."
             )
+        sampler = None
+        if train:
+            trainer = self.trainer
+            if trainer is not None and trainer.world_size > 1:  # Lightning's wrapper would not pass set_epoch on
+                sampler = DistributedSampler(ds, num_replicas=trainer.world_size, rank=trainer.global_rank,
+                                             shuffle=True, seed=self.seed)
+            else:
+                sampler = EpochShuffleSampler(len(ds), self.seed)
         return DataLoader(
             ds,
             batch_size=bs,
-            sampler=EpochShuffleSampler(len(ds), self.seed) if train else None,
+            sampler=sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,

@@ -1,4 +1,8 @@
-"""A shuffling sampler seeded by (seed, epoch), so a resumed run sees the same order as an uninterrupted one."""
+"""A shuffling sampler seeded by (seed, epoch), so a resumed run sees the same order as an uninterrupted one.
+
+It draws the same permutation as torch's DistributedSampler(seed=seed) for that epoch, so a DDP run (each rank
+taking every world_size-th index) sees the same samples in each global batch as a single process.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ class EpochShuffleSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
         return iter(torch.randperm(self.n, generator=g).tolist())
 
     def __len__(self) -> int:

@@ -134,10 +134,10 @@ def pad_to(image: torch.Tensor, mask: torch.Tensor, size: int, ignore_index: int
 
 
 def train_transform(size: int, mean: Sequence[float], std: Sequence[float], augment: dict[str, Any] | None) -> Compose:
-    """`augment`: scale [lo, hi] (jitter before the crop, or the area range of crop=resized), crop random | resized,
-    hflip / vflip probabilities. With augment=null: a plain random crop."""
+    """`augment`: resize (shorter side, first), scale [lo, hi] (jitter before the crop, or the area range of
+    crop=resized), crop random | resized, hflip / vflip probabilities. With augment=null: a plain random crop."""
     a = dict(augment or {})
-    steps: list = [Normalize(mean, std)]
+    steps: list = [Normalize(mean, std)] + ([ResizeShorter(a["resize"])] if a.get("resize") else [])
     if a.get("crop", "random") == "resized":
         steps.append(RandomResizedCrop(size, scale=a.get("scale") or (0.25, 1.0)))
     else:

@@ -44,7 +44,7 @@ def channels_of(mode: str) -> int:
     return 1 if mode in _GRAY_MODES else 3
 
 
-def _open(path: str | Path) -> Image.Image:
+def open_image(path: str | Path) -> Image.Image:
     try:
         img = Image.open(path)
         img.load()
@@ -93,13 +93,14 @@ class LabelMap:
 
 
 class SegmentationPairs(Dataset):
-    """(image, mask) pairs from `load(i) -> (PIL image, PIL mask, name)`, checked, mapped and transformed.
+    """(image, mask) pairs from `load(i) -> (PIL image, PIL mask, image name, mask name)`, checked, mapped and
+    transformed.
 
     Returns (float image (C, H, W), long mask (H, W)). `strict_channels` refuses a grayscale image where RGB is
     expected (and the reverse) instead of converting it.
     """
 
-    def __init__(self, n: int, load: Callable[[int], tuple[Image.Image, Image.Image, str]], channels: int,
+    def __init__(self, n: int, load: Callable[[int], tuple[Image.Image, Image.Image, str, str]], channels: int,
                  labels: LabelMap, transform: Callable | None = None, strict_channels: bool = True):
         self.n, self.load, self.channels, self.labels = n, load, int(channels), labels
         self.transform, self.strict_channels = transform, strict_channels
@@ -112,11 +113,11 @@ class SegmentationPairs(Dataset):
 
     def arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """uint8 image (H, W, C) and int64 class-index mask (H, W), checked."""
-        image, mask, name = self.load(i)
-        check_pair(image, mask, name, self.channels, self.strict_channels)
-        arr = np.asarray(image.convert("L" if self.channels == 1 else "RGB"))
+        image, mask, image_name, mask_name = self.load(i)
+        check_pair(image, mask, image_name, mask_name, self.channels, self.strict_channels)
+        arr = np.array(image.convert("L" if self.channels == 1 else "RGB"))
         raw = np.asarray(mask).astype(np.uint8) if mask.mode == "1" else np.asarray(mask)  # mode 1: bool 0/1
-        return (arr[..., None] if arr.ndim == 2 else arr), self.labels(raw, name)
+        return (arr[..., None] if arr.ndim == 2 else arr), self.labels(raw, mask_name)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = self.arrays(i)
@@ -125,16 +126,17 @@ class SegmentationPairs(Dataset):
         return self.transform(x, y) if self.transform else (x, y)
 
 
-def check_pair(image: Image.Image, mask: Image.Image, name: str, channels: int, strict_channels: bool = True) -> None:
+def check_pair(image: Image.Image, mask: Image.Image, image_name: str, mask_name: str, channels: int,
+               strict_channels: bool = True) -> None:
     """The checks a pair needs before training: single-channel mask, same size, expected number of channels."""
     if mask.mode not in _MASK_MODES:
         raise UserError(
-            f"mask of {name} is a PIL mode {mask.mode} image: masks must be single-channel (mode L or P) with one "
+            f"mask {mask_name} is a PIL mode {mask.mode} image: masks must be single-channel (mode L or P) with one "
             "class index per pixel. Convert colour-coded masks to index masks (one value per class) first."
         )
     if image.size != mask.size:
         raise UserError(
-            f"image and mask of {name} differ in size: image {image.size[0]}x{image.size[1]}, mask "
+            f"image {image_name} and mask {mask_name} differ in size: image {image.size[0]}x{image.size[1]}, mask "
             f"{mask.size[0]}x{mask.size[1]} (width x height). A mask must be pixel-aligned with its image: "
             "re-export it at the image's size (resize with nearest-neighbour so labels stay exact)."
         )
@@ -142,9 +144,9 @@ def check_pair(image: Image.Image, mask: Image.Image, name: str, channels: int, 
     if strict_channels and found != channels:
         kind = "grayscale" if found == 1 else "colour (RGB)"
         raise UserError(
-            f"image {name} is {kind} (PIL mode {image.mode}) but data.channels={channels}. Set data.channels={found} "
-            "if the dataset is " + ("grayscale" if found == 1 else "in colour") +
-            ", or convert the images so they all have the same number of channels."
+            f"image {image_name} is {kind} (PIL mode {image.mode}) but data.channels={channels}. "
+            f"Set data.channels={found} if the dataset is " + ("grayscale" if found == 1 else "in colour")
+            + ", or convert the images so they all have the same number of channels."
         )
 
 
@@ -201,16 +203,16 @@ def pair_files(image_dir: Path, mask_dir: Path, mask_suffix: str = "") -> list[t
 
 def file_pairs(pairs: Sequence[tuple[Path, Path]], channels: int, labels: LabelMap, preload: bool = False,
                check: bool = True) -> SegmentationPairs:
-    """A dataset of files. `check` opens every file once now (headers only, or everything with `preload`), so that a
-    bad pair is reported before training rather than in the middle of it."""
+    """A dataset of files. `check` reads every mask and every image header now (everything with `preload`), so
+    that a bad pair is reported before training rather than in the middle of it."""
     pairs = list(pairs)
-    cache: dict[int, tuple[Image.Image, Image.Image, str]] = {}
+    cache: dict[int, tuple[Image.Image, Image.Image, str, str]] = {}
 
     def load(i: int):
         if i in cache:
             return cache[i]
         img_path, mask_path = pairs[i]
-        item = (_open(img_path), _open(mask_path), str(img_path))
+        item = (open_image(img_path), open_image(mask_path), str(img_path), str(mask_path))
         if preload:
             cache[i] = item
         return item
@@ -221,8 +223,10 @@ def file_pairs(pairs: Sequence[tuple[Path, Path]], channels: int, labels: LabelM
             ds.arrays(i)  # decodes, checks, and keeps every pair
     elif check:
         for img_path, mask_path in pairs:
-            with Image.open(img_path) as img, Image.open(mask_path) as mask:
-                check_pair(img, mask, str(img_path), channels)
+            with Image.open(img_path) as img:
+                mask = open_image(mask_path)
+                check_pair(img, mask, str(img_path), str(mask_path), channels)
+                labels(np.asarray(mask).astype(np.uint8) if mask.mode == "1" else np.asarray(mask), str(mask_path))
     return ds
 
 
@@ -415,7 +419,7 @@ class ADE20KDataModule(SegmentationDataModule):
     def _split(self, rows) -> SegmentationPairs:
         def load(i: int):
             row = rows[i]
-            return row["image"], row["annotation"], f"{self.hf_name}[{i}]"
+            return row["image"], row["annotation"], f"{self.hf_name}[{i}].image", f"{self.hf_name}[{i}].annotation"
 
         return SegmentationPairs(len(rows), load, self.channels, self.labels, strict_channels=False)
 

@@ -1,0 +1,129 @@
+"""nanoGPT's CPU recipe on Tiny Shakespeare: attnlab's `train.py experiment=gpt_shakespeare_char_cpu` against a bare
+PyTorch loop of the same model on the same batches (same data module, seed, optimizer groups and schedule).
+
+    OMP_NUM_THREADS=1 python benchmarks/gpt_shakespeare_cpu.py [--steps 2000]
+
+Prints ms/iteration, tokens/s, peak RSS and final val loss of each, and the throughput ratio ours / bare.
+Reference (nanoGPT, 2 cores): val loss 1.8857 at 2000 iterations, 65 ms/iteration, peak RSS 0.86 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK, BATCH, EVAL_EVERY, EVAL_BATCHES = 64, 12, 250, 20
+
+
+def run_ours(steps: int, out: Path) -> dict:
+    cmd = [sys.executable, str(ROOT / "train.py"), "experiment=gpt_shakespeare_char_cpu", f"trainer.max_steps={steps}",
+           f"trainer.val_check_interval={min(EVAL_EVERY, steps)}", "logger=csv", "test=false", "callbacks.progress_bar=null", "extras.print_config=false",
+           f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(proc.stdout[-3000:])
+    rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
+    tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
+    tps = tps[len(tps) // 10:] or tps  # leave out the first windows (warm-up)
+    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    return {"tokens_per_s": statistics.median(tps), "val_loss": val[-1], "wall_s": wall,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6}
+
+
+def bare(steps: int, cache: str) -> None:
+    """The same model, data and optimization in a plain loop (runs in its own process; prints JSON)."""
+    import torch
+
+    from attnlab.data.text import TextDataModule
+    from attnlab.nn.gpt import GPT, GPTConfig
+    from attnlab.optim.param_groups import param_groups
+    from attnlab.optim.schedulers import cosine
+
+    torch.manual_seed(1337)
+    dm = TextDataModule(name="tinyshakespeare", files=[os.environ["ATTNLAB_DATA_DIR"] + "/tinyshakespeare/input.txt"],
+                        block_size=BLOCK, batch_size=BATCH, seed=1337, cache_dir=cache)
+    dm.prepare_data()
+    dm.setup("fit")
+    model = GPT(GPTConfig(vocab_size=dm.meta["vocab_size"], block_size=BLOCK, n_layer=4, n_head=4, n_embd=128))
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
+    sched = cosine(opt, steps, warmup=100, min_lr_ratio=0.1)["scheduler"]
+
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            losses = [model.loss(x, y).item() for _, (x, y) in zip(range(EVAL_BATCHES), dm.val_dataloader())]
+        model.train()
+        return sum(losses) / len(losses)
+
+    times, step, val = [], 0, float("nan")
+    train_iter = iter(dm.train_dataloader())
+    while step < steps:
+        t0 = time.perf_counter()
+        try:
+            x, y = next(train_iter)
+        except StopIteration:
+            train_iter = iter(dm.train_dataloader())
+            x, y = next(train_iter)
+        loss = model.loss(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        times.append(time.perf_counter() - t0)
+        step += 1
+        if step % EVAL_EVERY == 0 or step == steps:
+            val = evaluate()
+    times = times[len(times) // 10:]
+    print(json.dumps({"ms_per_iter": 1000 * statistics.median(times), "val_loss": val,
+                      "tokens_per_s": BLOCK * BATCH / statistics.median(times)}))
+
+
+def run_bare(steps: int, cache: Path) -> dict:
+    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run([sys.executable, __file__, "--bare", "--steps", str(steps), "--cache", str(cache)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode:
+        sys.exit(proc.stdout[-3000:])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return result | {"wall_s": time.perf_counter() - start, "peak_rss_gb": max(rss, before) / 1e6}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cache", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    os.environ.setdefault("ATTNLAB_DATA_DIR", str(ROOT.parent / "shared" / "data"))
+    if args.bare:
+        return bare(args.steps, args.cache)
+    work = Path(tempfile.mkdtemp(prefix="attnlab_bench_"))
+    bare_r = run_bare(args.steps, work / "cache")   # first, so its peak RSS is not the max of both
+    ours = run_ours(args.steps, work / "run")
+    ours["ms_per_iter"] = 1000 * BLOCK * BATCH / ours["tokens_per_s"]
+    print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, steps: {args.steps}")
+    print(f"{'':8} {'ms/iter':>8} {'tokens/s':>9} {'peak RSS':>9} {'val loss':>9} {'wall':>7}")
+    for name, r in (("attnlab", ours), ("bare", bare_r)):
+        print(f"{name:8} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:9.0f} {r['peak_rss_gb']:8.2f}G "
+              f"{r['val_loss']:9.4f} {r['wall_s']:6.0f}s")
+    print(f"throughput ours / bare: {ours['tokens_per_s'] / bare_r['tokens_per_s']:.2f}")
+    print("nanoGPT reference: val loss 1.8857 at 2000 iterations, 65 ms/iteration, peak RSS 0.86 GB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""Language-model pretraining: GPT next-token prediction (`CausalLM`) and BERT masked-LM (`MaskedLM`).
+
+Both take their network's settings as plain values and the tokenizer as a JSON string (from the data), which is
+stored in every checkpoint, so `load_from_checkpoint` rebuilds the model and predict.py can encode and decode.
+Metrics: `train/loss`, `val/loss`, `val/ppl` (exp of the loss), `val/loss_best`, MLM `val/acc` on the masked
+tokens, and the same under `test/`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+
+from attnlab.data.tokenizers import CLS, MASK, SEP, TextTokenizer, tokenizer_from_json
+from attnlab.errors import UserError
+from attnlab.nn.bert import BertConfig, BertMLM
+from attnlab.nn.gpt import GPT, GPTConfig, check_length
+from attnlab.tasks.base import BaseTask
+
+log = logging.getLogger("attnlab")
+
+
+class _LanguageModel(BaseTask):
+    """What both objectives share: tokenizer in the checkpoint, loss/ppl metrics, checks against the data."""
+
+    objective: str
+    length_key: str  # the data's sequence length setting this model must cover
+
+    def _init_common(self, tokenizer: str | None, objective: str) -> None:
+        if objective != self.objective:
+            raise UserError(f"model.objective={objective}, but {type(self).__name__} trains the {self.objective} "
+                            f"objective: remove the override (the data follows model.objective).")
+        self.tokenizer_json = tokenizer
+        self._tokenizer: TextTokenizer | None = None
+        self.metrics = torch.nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("val", "test") for m in ("loss", "acc")})
+
+    @property
+    def tokenizer(self) -> TextTokenizer | None:
+        if self._tokenizer is None and self.tokenizer_json:
+            self._tokenizer = tokenizer_from_json(self.tokenizer_json)
+        return self._tokenizer
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokenizer"] = self.tokenizer_json
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        meta = dict(getattr(dm, "meta", {}) or {})
+        vocab = meta.get("vocab_size")
+        if vocab is not None and vocab > self.net.config.vocab_size:
+            raise UserError(
+                f"the tokenizer has {vocab} tokens but the model's vocabulary is model.vocab_size="
+                f"{self.net.config.vocab_size}: token ids past it have no embedding. Let the model follow the data "
+                f"(model.vocab_size=${{data.vocab_size}}, the default) or set model.vocab_size>={vocab}."
+            )
+        if meta.get(self.length_key) is not None:
+            check_length(int(meta[self.length_key]), self.max_positions, f"model.{self.length_key}")
+        if self.tokenizer_json is None and hasattr(dm, "model_extras"):
+            self.tokenizer_json = dm.model_extras().get("tokenizer")
+
+    def flops_per_sample(self) -> float | None:
+        return self.net.flops_per_token(self.max_positions) * self.max_positions
+
+    # ---- evaluation bookkeeping
+    def _eval_update(self, stage: str, loss: torch.Tensor, weight: torch.Tensor | float = 1.0,
+                     acc: torch.Tensor | None = None) -> None:
+        self.metrics[f"{stage}_loss"].update(loss.detach(), weight)
+        if acc is not None:
+            self.metrics[f"{stage}_acc"].update(acc, weight)
+
+    def _eval_end(self, stage: str) -> torch.Tensor:
+        loss = self.metrics[f"{stage}_loss"].compute()
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/ppl", torch.exp(loss.clamp(max=50)), sync_dist=True)
+        if self.objective == "masked":
+            self.log(f"{stage}/acc", self.metrics[f"{stage}_acc"].compute(), prog_bar=stage == "val", sync_dist=True)
+        for key in ("loss", "acc"):
+            self.metrics[f"{stage}_{key}"].reset()
+        return loss
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self._eval_end("val")
+        self.log_best(loss)
+        if not self.trainer.sanity_checking and self.trainer.is_global_zero and self.tokenizer is not None:
+            self.log_samples()
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    def log_samples(self) -> None:
+        pass
+
+
+class CausalLM(_LanguageModel):
+    """GPT next-token prediction. Network settings are GPTConfig's (n_layer, n_head, n_embd, positional, ...);
+    `num_samples` texts of `sample_tokens` tokens, started from `sample_prompt`, are logged at each validation."""
+
+    objective = "causal"
+    length_key = "block_size"
+
+    def __init__(self, vocab_size: int, block_size: int = 256, objective: str = "causal",
+                 tokenizer: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
+                 sample_prompt: str | None = "\n", sample_temperature: float = 0.8, sample_top_k: int | None = 200,
+                 **kwargs: Any):
+        net_cfg, base = GPTConfig.split(kwargs | {"vocab_size": vocab_size, "block_size": block_size})
+        super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
+        self.save_hyperparameters(ignore=["tokenizer"])
+        self.net = GPT(net_cfg)
+        self.max_positions = net_cfg.block_size
+        self._init_common(tokenizer, objective)
+        self._first_val_ids: torch.Tensor | None = None
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.run_net(idx)                                   # (B, T, V)
+
+    def _loss(self, batch) -> torch.Tensor:
+        x, y = batch                                               # (B, T) each
+        logits = self(x)                                           # (B, T, V)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self._first_val_ids = batch[0][:1, :1].detach()
+        self._eval_update("val", self._loss(batch))
+
+    def test_step(self, batch, batch_idx):
+        self._eval_update("test", self._loss(batch))
+
+    @staticmethod
+    def tokens_of(batch) -> int:
+        return int(batch[0].numel())
+
+    # ---- sampling
+    def prompt_ids(self, prompt: str | None) -> torch.Tensor:
+        """(1, T) ids of `prompt`; an empty encoding falls back to the first token of the validation data."""
+        try:
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        except UserError as e:
+            raise UserError(f"prompt={prompt!r}: {e}") from None
+        if ids:
+            return torch.tensor([ids], dtype=torch.long, device=self.device)
+        if self._first_val_ids is not None:
+            return self._first_val_ids.to(self.device)
+        return torch.zeros(1, 1, dtype=torch.long, device=self.device)
+
+    def log_samples(self) -> None:
+        h = self.hparams
+        if not h.num_samples or not h.sample_tokens:
+            return
+        was_training = self.net.training
+        self.net.eval()
+        try:
+            for i in range(int(h.num_samples)):
+                idx = self.prompt_ids(h.sample_prompt)
+                out = self.net.generate(idx, int(h.sample_tokens), h.sample_temperature, h.sample_top_k)
+                log.info("sample %d at step %d:\n%s", i + 1, self.global_step, self.tokenizer.decode(out[0].tolist()))
+        finally:
+            self.net.train(was_training)
+
+    # ---- predict.py
+    def predict_cli(self, cfg, run_cfg) -> list[str]:
+        """Streams `num_samples` continuations of `prompt` to stdout; returns them."""
+        if self.tokenizer is None:
+            raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text data.")
+        prompt = cfg.get("prompt") if cfg.get("prompt") is not None else "\n"
+        max_new = int(cfg.get("max_new_tokens") or 500)
+        temperature = float(cfg.get("temperature") if cfg.get("temperature") is not None else 0.8)
+        top_k = cfg.get("top_k")
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(cfg.get("seed") if cfg.get("seed") is not None else 1337))
+        idx = self.prompt_ids(prompt)
+        texts = []
+        for n in range(int(cfg.get("num_samples") or 1)):
+            new_ids: list[int] = []
+            shown = ""
+            print(prompt, end="", flush=True)
+            for tok in self.net.stream(idx, max_new, temperature, top_k, gen):
+                new_ids.append(int(tok[0, 0]))
+                text = self.tokenizer.decode(new_ids)
+                if not text.endswith("\ufffd"):  # print whole characters only (byte-level BPE)
+                    print(text[len(shown):], end="", flush=True)
+                    shown = text
+            print(self.tokenizer.decode(new_ids)[len(shown):], flush=True)
+            print("---------------", flush=True)
+            texts.append(prompt + self.tokenizer.decode(new_ids))
+        return texts
+
+
+class MaskedLM(_LanguageModel):
+    """BERT masked-language-model pretraining; batches come masked from the data (input_ids, attention_mask,
+    labels with -100 at unmasked positions). At each validation, a few predictions are logged."""
+
+    objective = "masked"
+    length_key = "max_length"
+
+    def __init__(self, vocab_size: int, max_length: int = 128, objective: str = "masked",
+                 tokenizer: str | None = None, num_samples: int = 2, **kwargs: Any):
+        net_cfg, base = BertConfig.split(kwargs | {"vocab_size": vocab_size, "max_length": max_length})
+        super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
+        self.save_hyperparameters(ignore=["tokenizer"])
+        self.net = BertMLM(net_cfg)
+        self.max_positions = net_cfg.max_length
+        self._init_common(tokenizer, objective)
+        self._sample_batch: dict | None = None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.run_net(input_ids, attention_mask)             # (B, T, V)
+
+    def _step(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self(batch["input_ids"], batch["attention_mask"])  # (B, T, V)
+        labels = batch["labels"]                                    # (B, T), -100 where not masked
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)
+        masked = labels != -100
+        n = masked.sum()
+        acc = (logits.argmax(-1)[masked] == labels[masked]).float().mean()
+        return loss, acc, n, logits
+
+    def training_step(self, batch, batch_idx):
+        loss, _, _, _ = self._step(batch)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss, acc, n, logits = self._step(batch)
+        self._eval_update("val", loss, n.float(), acc)
+        if batch_idx == 0:
+            k = min(int(self.hparams.num_samples or 0), logits.shape[0])
+            self._sample_batch = {key: v[:k].detach() for key, v in batch.items()} | {"pred": logits[:k].argmax(-1)}
+
+    def test_step(self, batch, batch_idx):
+        loss, acc, n, _ = self._step(batch)
+        self._eval_update("test", loss, n.float(), acc)
+
+    @staticmethod
+    def tokens_of(batch) -> int:
+        return int(batch["input_ids"].numel())
+
+    def log_samples(self) -> None:
+        b, tok = self._sample_batch, self.tokenizer
+        if not b:
+            return
+        for i in range(b["input_ids"].shape[0]):
+            real = b["attention_mask"][i].bool()
+            masked = b["labels"][i] != -100
+            ids = b["input_ids"][i][real].tolist()
+            truth = torch.where(masked, b["labels"][i], b["input_ids"][i])[real].tolist()
+            pred = torch.where(masked, b["pred"][i], b["input_ids"][i])[real].tolist()
+            log.info("masked-LM sample %d at step %d:\n  input:     %s\n  original:  %s\n  predicted: %s", i + 1,
+                     self.global_step, _show(tok, ids), _show(tok, truth), _show(tok, pred))
+
+    # ---- predict.py
+    def predict_cli(self, cfg, run_cfg) -> list[list[tuple[str, float]]]:
+        """The top_k fills of each [MASK] in `text`, printed; returns [(token, probability), ...] per mask."""
+        tok = self.tokenizer
+        if tok is None:
+            raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text data.")
+        text = cfg.get("text")
+        if not text or MASK not in text:
+            raise UserError(f'predict.py for a masked LM needs text="... {MASK} ..." with at least one {MASK} '
+                            "where a token should be filled in.")
+        mask_id = tok.special_id(MASK, "predict.py")
+        ids = [tok.special_id(CLS, "predict.py")]
+        for j, piece in enumerate(text.split(MASK)):
+            if j:
+                ids.append(mask_id)
+            ids.extend(tok.encode(piece) if piece.strip() or tok.kind == "char" else [])
+        ids.append(tok.special_id(SEP, "predict.py"))
+        if len(ids) > self.max_positions:
+            check_length(len(ids), self.max_positions, "model.max_length")
+        x = torch.tensor([ids], device=self.device)
+        with torch.inference_mode():
+            probs = self(x, torch.ones_like(x)).float().softmax(-1)[0]  # (T, V)
+        k = int(cfg.get("top_k") or 5)
+        fills, best = [], list(ids)
+        for pos in (x[0] == mask_id).nonzero().flatten().tolist():
+            p, i = probs[pos].topk(k)
+            fills.append([(tok.id_to_token(t), float(q)) for t, q in zip(i.tolist(), p.tolist())])
+            best[pos] = i[0].item()
+            print(f"{MASK} #{len(fills)}: " + "  ".join(f"{r + 1}. {t!r} {q:.3f}" for r, (t, q) in enumerate(fills[-1])),
+                  flush=True)
+        print(f"filled: {_show(tok, best[1:-1])}", flush=True)
+        return fills
+
+
+def _show(tok: TextTokenizer, ids: list[int]) -> str:
+    """Readable text of ids, special tokens shown by name."""
+    out, run = [], []
+    for i in ids:
+        name = tok.id_to_token(i)
+        if name.startswith("[") and name.endswith("]") and tok.token_to_id(name) == i and len(name) > 2:
+            if run:
+                out.append(tok.decode(run))
+                run = []
+            out.append(name)
+        else:
+            run.append(i)
+    if run:
+        out.append(tok.decode(run))
+    return " ".join(s.strip() for s in out if s.strip()) if tok.kind != "char" else "".join(out)
+

@@ -1,0 +1,345 @@
+"""Semantic segmentation: a U-Net, or a timm backbone under a segmentation head (UPerNet, FPN, U-Net decoder, ...)
+from segmentation-models-pytorch. Cross-entropy (+ optional dice) with an ignored label; mIoU and pixel accuracy."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from attnlab.errors import UserError
+from attnlab.nn.unet import UNet
+from attnlab.tasks.base import BaseTask
+from attnlab.utils.seg_media import denormalize, overlay_grid, palette_png
+
+log = logging.getLogger("attnlab")
+
+ARCHS = ("unet", "encoder_decoder")
+
+
+# ---- networks
+
+def build_network(arch: str, num_classes: int, in_chans: int, img_size: int, *, base_channels: int = 64,
+                  depth: int = 4, batch_norm: bool = True, dropout: float = 0.0, backbone: str = "resnet18",
+                  head: str = "upernet", pretrained: bool = False, backbone_kwargs: dict | None = None,
+                  head_kwargs: dict | None = None) -> tuple[nn.Module, bool, int]:
+    """-> (network, takes only img_size x img_size inputs, side multiple the input needs)."""
+    if arch == "unet":
+        return UNet(in_chans, num_classes, base_channels, depth, batch_norm, dropout), False, 1
+    if arch != "encoder_decoder":
+        raise UserError(f"model.arch={arch} is not known: use unet (model=unet) or encoder_decoder "
+                        "(model=segmentation, a timm backbone under model.head).")
+    import segmentation_models_pytorch as smp
+
+    heads = sorted(smp.MODEL_ARCHITECTURES_MAPPING)
+    if head.lower() not in heads:
+        raise UserError(f"model.head={head} is not a segmentation head: use one of {', '.join(heads)} "
+                        "(upernet, fpn and unet are the usual choices).")
+    if not timm.is_model(backbone):
+        close = timm.list_models(f"*{backbone.split('_')[0]}*")[:12]
+        raise UserError(f"model.backbone={backbone} is not a timm model. Similar names: {', '.join(close) or 'none'}. "
+                        "List them with `python -c \"import timm; print(timm.list_models())\"`.")
+    args = dict(encoder_name=f"tu-{backbone}", encoder_weights="imagenet" if pretrained else None,
+                in_channels=in_chans, classes=num_classes, **(head_kwargs or {}), **(backbone_kwargs or {}))
+    try:
+        try:  # transformers (Swin) are built for one input size
+            return smp.create_model(head, img_size=img_size, **args), True, 32
+        except TypeError as e:  # convnets take no img_size
+            if "img_size" not in str(e):
+                raise
+            return smp.create_model(head, **args), False, 32
+    except ValueError as e:
+        if "downsampling pattern" in str(e):
+            raise UserError(f"model.backbone={backbone} gives no feature pyramid for a segmentation head (plain ViTs "
+                            "keep one resolution): use a hierarchical backbone such as swin_tiny_patch4_window7_224, "
+                            "convnext_tiny or resnet50.") from e
+        raise
+    except TypeError as e:
+        raise UserError(f"model.head={head} with backbone {backbone} rejects an argument: {e}. Check "
+                        "model.head_kwargs and model.backbone_kwargs.") from e
+    except (OSError, RuntimeError) as e:
+        if pretrained:
+            raise UserError(f"could not load pretrained weights for '{backbone}' ({e}). Weights come from the Hugging "
+                            "Face hub: go online once (they are then cached), or set model.pretrained=false.") from e
+        raise
+
+
+# ---- inference on images of any size
+
+def _starts(length: int, window: int, stride: int) -> list[int]:
+    starts = list(range(0, length - window + 1, stride))
+    return starts if starts[-1] == length - window else starts + [length - window]
+
+
+def sliding_window(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, window: int, overlap: float = 1 / 3,
+                   max_batch: int = 8) -> torch.Tensor:
+    """Logits of (B, C, H, W) images from window x window tiles overlapping by `overlap`, averaged where they
+    overlap. Images smaller than a window are padded (bottom/right) and the padding is cut off again.
+    -> (B, num_classes, H, W)."""
+    b, _, h, w = x.shape
+    xp = F.pad(x, (0, max(0, window - w), 0, max(0, window - h)))
+    hp, wp = xp.shape[-2:]
+    stride = max(1, int(round(window * (1 - overlap))))
+    boxes = [(t, l) for t in _starts(hp, window, stride) for l in _starts(wp, window, stride)]
+    out = count = None
+    for i in range(0, len(boxes), max(1, max_batch // b)):
+        chunk = boxes[i:i + max(1, max_batch // b)]
+        tiles = torch.cat([xp[..., t:t + window, l:l + window] for t, l in chunk])  # (len(chunk) B, C, win, win)
+        logits = fn(tiles).float()  # (len(chunk) B, K, win, win)
+        if out is None:
+            out = logits.new_zeros(b, logits.shape[1], hp, wp)
+            count = logits.new_zeros(1, 1, hp, wp)
+        for j, (t, l) in enumerate(chunk):
+            out[..., t:t + window, l:l + window] += logits[j * b:(j + 1) * b]
+            count[..., t:t + window, l:l + window] += 1
+    return (out / count)[..., :h, :w]
+
+
+def pad_forward(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """One forward of the whole image, padded to a multiple of `multiple` and cut back. -> (B, K, H, W)."""
+    h, w = x.shape[-2:]
+    ph, pw = (-h) % multiple, (-w) % multiple
+    return fn(F.pad(x, (0, pw, 0, ph)) if ph or pw else x)[..., :h, :w]
+
+
+# ---- metrics
+
+def iou_from_confusion(cm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Confusion matrix (rows truth, columns prediction) -> (per-class IoU with NaN for classes absent from both
+    truth and prediction, mIoU over the present classes, pixel accuracy)."""
+    cm = cm.double()
+    tp = cm.diag()
+    union = cm.sum(0) + cm.sum(1) - tp
+    iou = torch.where(union > 0, tp / union.clamp_min(1), torch.full_like(tp, float("nan")))
+    miou = iou.nanmean() if (union > 0).any() else torch.tensor(0.0, dtype=torch.float64)
+    return iou.float(), miou.float(), (tp.sum() / cm.sum().clamp_min(1)).float()
+
+
+class Segmenter(BaseTask):
+    """Per-pixel classifier. Logs `train/loss`, `val/loss`, `val/miou`, `val/pixel_acc`, `val/miou_best`, and at test
+    `test/miou`, `test/pixel_acc` and `test/iou/<class>` (the per-class table is also printed).
+
+    Evaluation images larger than the training crop (`img_size`) are segmented by a sliding window
+    (`inference: slide`, tiles overlapping by `window_overlap`) or in one forward (`inference: whole`, fully
+    convolutional networks only). Each validation epoch writes an image | truth | prediction grid of the first
+    `media_images` validation images to `<run dir>/media/` (and to W&B when it logs).
+    """
+
+    def __init__(
+        self,
+        arch: str = "unet",
+        num_classes: int = 2,
+        in_chans: int = 3,
+        img_size: int = 256,
+        base_channels: int = 64,
+        depth: int = 4,
+        batch_norm: bool = True,
+        dropout: float = 0.0,
+        backbone: str = "resnet18",
+        head: str = "upernet",
+        pretrained: bool = False,
+        backbone_kwargs: dict | None = None,
+        head_kwargs: dict | None = None,
+        dice_weight: float = 0.0,
+        ignore_index: int = 255,
+        inference: str = "slide",
+        window_overlap: float = 1 / 3,
+        media_images: int = 4,
+        class_names: list[str] | None = None,
+        palette: list[list[int]] | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        **base: Any,
+    ):
+        super().__init__(**({"monitor": "val/miou", "monitor_mode": "max"} | base))
+        self.save_hyperparameters()
+        if inference not in ("slide", "whole"):
+            raise UserError(f"model.inference={inference}: use slide (tiles of the training crop size) or whole.")
+        self.net, self.fixed_size, self.multiple = build_network(
+            arch, num_classes, in_chans, img_size, base_channels=base_channels, depth=depth, batch_norm=batch_norm,
+            dropout=dropout, backbone=backbone, head=head, pretrained=pretrained, backbone_kwargs=backbone_kwargs,
+            head_kwargs=head_kwargs)
+        if img_size % self.multiple:
+            raise UserError(f"data.image_size={img_size}: model.backbone={backbone} with model.head={head} needs crops "
+                            f"whose side is a multiple of {self.multiple}; set data.image_size="
+                            f"{max(self.multiple, round(img_size / self.multiple) * self.multiple)}.")
+        if dice_weight:
+            from segmentation_models_pytorch.losses import DiceLoss
+
+            self.dice = DiceLoss("multiclass", from_logits=True, ignore_index=ignore_index)
+        self.class_names = list(class_names or [str(i) for i in range(num_classes)])
+        self.palette = palette
+        if palette is None:
+            from attnlab.data.segmentation import default_palette
+
+            self.palette = default_palette(num_classes)
+        self.mean = list(mean or [0.5] * in_chans)
+        self.std = list(std or [0.5] * in_chans)
+        cm = dict(num_classes=num_classes, ignore_index=ignore_index, validate_args=False)
+        self.val_cm, self.test_cm = MulticlassConfusionMatrix(**cm), MulticlassConfusionMatrix(**cm)
+        self._media: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.test_iou: dict[str, float] = {}
+
+    # ---- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run_net(x)  # (B, C, h, w) -> (B, K, h, w)
+
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for whole images of any size. (B, C, H, W) -> (B, K, H, W)."""
+        s, (h, w) = self.hparams.img_size, x.shape[-2:]
+        if self.fixed_size or (self.hparams.inference == "slide" and (h > s or w > s)):
+            return sliding_window(self, x, s, self.hparams.window_overlap)
+        return pad_forward(self, x, self.multiple)
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ignore = self.hparams.ignore_index
+        # mean over labelled pixels; 0 (not NaN) for a crop with no labelled pixel
+        ce = F.cross_entropy(logits.float(), y, ignore_index=ignore, reduction="sum") / (y != ignore).sum().clamp_min(1)
+        if self.hparams.dice_weight:
+            ce = ce + self.hparams.dice_weight * self.dice(logits.float(), y)
+        return ce
+
+    # ---- steps
+    def training_step(self, batch, batch_idx):
+        x, y = batch  # (B, C, s, s), (B, s, s)
+        try:
+            logits = self(x)
+        except ValueError as e:
+            if "Expected more than 1 value per channel" in str(e):
+                raise UserError(f"a training batch of {x.shape[0]} image: the pooling branch of model.head="
+                                f"{self.hparams.head} normalizes over the batch and needs at least 2 images. "
+                                "Set data.batch_size to 2 or more.") from e
+            raise
+        loss = self.loss(logits, y)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch, cm: MulticlassConfusionMatrix, stage: str) -> torch.Tensor:
+        x, y = batch
+        logits = self.infer(x)
+        self.log(f"{stage}/loss", self.loss(logits, y), on_epoch=True, prog_bar=stage == "val", sync_dist=True,
+                 batch_size=x.shape[0])
+        pred = logits.argmax(1)  # (B, H, W)
+        cm.update(pred, y)
+        return pred
+
+    def validation_step(self, batch, batch_idx):
+        pred = self._eval_step(batch, self.val_cm, "val")
+        x, y = batch
+        for i in range(min(len(x), self.hparams.media_images - len(self._media))):
+            self._media.append((denormalize(x[i], self.mean, self.std), y[i].cpu().numpy(), pred[i].cpu().numpy()))
+        return pred
+
+    def on_validation_epoch_start(self) -> None:
+        self._media = []
+
+    def on_validation_epoch_end(self):
+        _, miou, acc = iou_from_confusion(self.val_cm.compute())
+        self.val_cm.reset()
+        self.log("val/miou", miou, prog_bar=True, sync_dist=True)
+        self.log("val/pixel_acc", acc, sync_dist=True)
+        self.log_best(miou)
+        if not self.trainer.sanity_checking and self.trainer.is_global_zero and self._media:
+            self._save_media()
+        self._media = []
+
+    def _save_media(self) -> None:
+        from PIL import Image
+
+        grid = overlay_grid(self._media, self.palette)
+        out = Path(self.trainer.default_root_dir) / "media"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"val_epoch{self.current_epoch:03d}_step{self.global_step:06d}.png"
+        Image.fromarray(grid).save(path)
+        for lg in self.trainer.loggers:
+            if type(lg).__name__ == "WandbLogger":
+                import wandb
+
+                caption = "image | ground truth | prediction"
+                lg.experiment.log({"val/overlays": wandb.Image(grid, caption=caption),
+                                   "trainer/global_step": self.global_step})
+
+    def test_step(self, batch, batch_idx):
+        return self._eval_step(batch, self.test_cm, "test")
+
+    def on_test_epoch_end(self):
+        iou, miou, acc = iou_from_confusion(self.test_cm.compute())
+        self.test_cm.reset()
+        self.log("test/miou", miou, sync_dist=True)
+        self.log("test/pixel_acc", acc, sync_dist=True)
+        self.test_iou = {name: float(v) for name, v in zip(self.class_names, iou.tolist())}
+        for name, value in self.test_iou.items():
+            if not math.isnan(value):
+                self.log(f"test/iou/{name}", value, sync_dist=True)
+        if self.trainer.is_global_zero:
+            print(self.iou_table(float(miou), float(acc)), flush=True)
+            for lg in self.trainer.loggers:
+                if type(lg).__name__ == "WandbLogger":
+                    import wandb
+
+                    rows = [[n, v] for n, v in self.test_iou.items()]
+                    lg.experiment.log({"test/iou_table": wandb.Table(columns=["class", "iou"], data=rows)})
+
+    def iou_table(self, miou: float, acc: float) -> str:
+        width = max(12, *(len(n) for n in self.class_names))
+        lines = ["Per-class IoU (test):", f"  {'class':<{width}}  IoU"]
+        lines += [f"  {n:<{width}}  " + ("  -   (absent)" if math.isnan(v) else f"{v:.4f}")
+                  for n, v in self.test_iou.items()]
+        lines += [f"  {'mean (mIoU)':<{width}}  {miou:.4f}", f"  {'pixel acc':<{width}}  {acc:.4f}"]
+        return "\n".join(lines)
+
+    def predict_step(self, batch, batch_idx):
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.infer(x).argmax(1)
+
+    def flops_per_sample(self) -> float | None:
+        from attnlab.utils.flops import training_flops_per_sample
+
+        h = self.hparams
+        return training_flops_per_sample(self.net, (h.in_chans, h.img_size, h.img_size))
+
+    # ---- predict.py
+    def predict_cli(self, cfg, run_cfg) -> list[Path]:
+        """Writes <name>_mask.png (class indices in a palette PNG) next to each image of `input` (a file or folder)."""
+        from attnlab.data.images import IMAGE_EXTENSIONS
+        from attnlab.data.segmentation import channels_of, open_image
+
+        if not cfg.get("input"):
+            raise UserError("predict.py needs input=<image file or folder of images>.")
+        src = Path(cfg.input)
+        if not src.exists():
+            raise UserError(f"input={src} does not exist: give an image file or a folder of images.")
+        files = [src] if src.is_file() else sorted(
+            p for p in src.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and not p.stem.endswith("_mask"))
+        if not files:
+            raise UserError(f"no image files (*.png, *.jpg, ...) under {src}.")
+        h = self.hparams
+        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
+        std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
+        written = []
+        with torch.inference_mode():
+            for path in files:
+                img = open_image(path)
+                if channels_of(img.mode) != h.in_chans:
+                    log.warning("%s has %d channel(s), the model takes %d: converting it", path,
+                                channels_of(img.mode), h.in_chans)
+                arr = np.array(img.convert("L" if h.in_chans == 1 else "RGB"))
+                x = torch.from_numpy(arr.reshape(*arr.shape[:2], -1)).permute(2, 0, 1).float() / 255.0
+                x = ((x - mean) / std)[None].to(self.device)  # (1, C, H, W)
+                mask = self.infer(x).argmax(1)[0].cpu().numpy()  # (H, W)
+                out = path.with_name(f"{path.stem}_mask.png")
+                palette_png(mask, self.palette).save(out)
+                counts = np.bincount(mask.ravel(), minlength=h.num_classes) / mask.size
+                share = ", ".join(f"{n} {100 * c:.1f}%" for n, c in zip(self.class_names, counts) if c > 0)
+                print(f"{path} -> {out} ({share})", flush=True)
+                written.append(out)
+        return written

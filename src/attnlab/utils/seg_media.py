@@ -1,0 +1,56 @@
+"""Pictures of segmentations: palette masks, overlays on the image, and image | truth | prediction grids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def denormalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """(C, H, W) normalized tensor -> uint8 RGB (H, W, 3)."""
+    m = torch.tensor(mean, dtype=torch.float32)[:, None, None]
+    s = torch.tensor(std, dtype=torch.float32)[:, None, None]
+    img = (image.detach().float().cpu() * s + m).clamp(0, 1)
+    arr = (img * 255).round().byte().permute(1, 2, 0).numpy()
+    return np.repeat(arr, 3, axis=-1) if arr.shape[-1] == 1 else arr
+
+
+def colorize(mask: np.ndarray, palette: Sequence[Sequence[int]], ignore_index: int = 255) -> np.ndarray:
+    """(H, W) class indices -> uint8 RGB (H, W, 3); ignored pixels are gray."""
+    lut = np.full((256, 3), 128, dtype=np.uint8)
+    lut[: len(palette)] = np.asarray(palette, dtype=np.uint8)[:256]
+    lut[ignore_index] = 128
+    return lut[np.asarray(mask).clip(0, 255).astype(np.uint8)]
+
+
+def palette_png(mask: np.ndarray, palette: Sequence[Sequence[int]]) -> Image.Image:
+    """A mode P image: the pixel values are the class indices, shown in the palette's colours."""
+    img = Image.fromarray(np.asarray(mask).astype(np.uint8), mode="P")
+    flat = [v for c in palette for v in c][: 256 * 3]
+    img.putpalette(flat + [0] * (256 * 3 - len(flat)))
+    return img
+
+
+def overlay(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequence[int]], alpha: float = 0.5,
+            ignore_index: int = 255) -> np.ndarray:
+    blend = (1 - alpha) * image.astype(np.float32) + alpha * colorize(mask, palette).astype(np.float32)
+    blend[np.asarray(mask) == ignore_index] = image[np.asarray(mask) == ignore_index]
+    return blend.round().astype(np.uint8)
+
+
+def overlay_grid(rows: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], palette: Sequence[Sequence[int]],
+                 height: int = 256) -> np.ndarray:
+    """One row per sample: image | ground truth over the image | prediction over the image, each `height` px high."""
+    tiles = []
+    for image, truth, pred in rows:
+        h, w = truth.shape
+        size = (max(1, round(w * height / h)), height)
+        panels = [image, overlay(image, truth, palette), overlay(image, pred, palette)]
+        row = [np.asarray(Image.fromarray(p).resize(size, Image.NEAREST)) for p in panels]
+        tiles.append(np.concatenate(row, axis=1))  # (height, 3 w', 3)
+    width = max(t.shape[1] for t in tiles)
+    tiles = [np.pad(t, ((0, 0), (0, width - t.shape[1]), (0, 0))) for t in tiles]
+    return np.concatenate(tiles, axis=0)  # (rows * height, width, 3)

@@ -1,0 +1,100 @@
+"""Language-model runs through the same `train(cfg)` as train.py: every LM experiment, a short real GPT run on
+Tiny Shakespeare, prediction from its checkpoint, and the errors a user can make."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from attnlab.cli.training import train
+from attnlab.errors import UserError
+from attnlab.tasks.language_model import MaskedLM
+from conftest import FAST, compose_cfg, run_cli
+
+SMALL = ["model.num_samples=1", *FAST]
+GPT = ["model.sample_tokens=20"]
+
+
+@pytest.mark.parametrize("experiment,extra", [
+    ("gpt_shakespeare_char_cpu", GPT),
+    ("gpt_shakespeare_char", ["data.batch_size=4", *GPT]),
+    ("bert_shakespeare", ["data.batch_size=8"]),
+])
+def test_fast_dev_run_of_each_lm_experiment(tmp_path, experiment, extra):
+    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", *extra, *SMALL], tmp_path)
+    train(cfg)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["val/loss"] > 0 and metrics["test/ppl"] > 1
+    if experiment == "bert_shakespeare":
+        assert 0 <= metrics["val/acc"] <= 1
+
+
+def test_gpt2_owt_needs_the_hub_and_says_so(tmp_path):
+    cfg = compose_cfg(["experiment=gpt2_owt", "debug=fdr", "model.n_layer=1", "model.compile=false",
+                       "data.num_workers=0", *GPT, *SMALL], tmp_path)
+    # offline, GPT-2's tokenizer (the first thing the data needs from the hub) cannot be fetched
+    with pytest.raises(UserError, match="could not load the pretrained tokenizer 'gpt2'.*go online once"):
+        train(cfg)
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
+    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "debug=fdr", "model.vocab_size=50", *GPT, *SMALL], tmp_path)
+    with pytest.raises(UserError, match=r"tokenizer has 65 tokens but .*model.vocab_size=50.*model.vocab_size>=65"):
+        train(cfg)
+
+
+def test_block_size_longer_than_the_positional_table(tmp_path):
+    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "debug=fdr", "model.block_size=32", *GPT, *SMALL], tmp_path)
+    with pytest.raises(UserError, match=r"64 tokens is longer than .*model.block_size=32.*data.block_size"):
+        train(cfg)
+
+
+@pytest.fixture(scope="module")
+def trained_gpt(tmp_path_factory):
+    """200 steps of the CPU recipe (warmup 20): val loss goes from 4.17 (uniform over 65 characters) to ~2.44."""
+    out = tmp_path_factory.mktemp("gpt")
+    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "trainer.max_steps=200",
+                       "trainer.val_check_interval=200", "trainer.limit_val_batches=10", "scheduler.warmup=20",
+                       "test=false", "logger=csv", *GPT, *SMALL], out)
+    train(cfg)
+    return out
+
+
+def test_short_gpt_run_learns_shakespeare(trained_gpt):
+    metrics = json.loads((trained_gpt / "metrics.json").read_text())
+    assert metrics["val/loss"] < 2.6  # a character unigram model scores ~3.3
+    assert abs(metrics["val/ppl"] - torch.tensor(metrics["val/loss"]).exp().item()) < 1e-3
+    import pandas as pd
+
+    df = pd.read_csv(trained_gpt / "csv" / "metrics.csv")
+    assert df["perf/tokens_per_s"].dropna().gt(0).all() and df["perf/mfu"].dropna().gt(0).all()
+    assert df["train/loss"].dropna().iloc[-1] < df["train/loss"].dropna().iloc[0] - 1.0
+
+
+def test_predict_streams_text_from_the_checkpoint(trained_gpt, log_env):
+    ckpt = trained_gpt / "checkpoints" / "last.ckpt"
+    out = run_cli("predict.py", f"ckpt_path={ckpt}", "prompt=ROMEO:", "max_new_tokens=80", "temperature=0.8",
+                  "top_k=200", "extras.print_config=false", env=log_env | {"OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:]
+    text = out.stdout.split("ROMEO:", 1)[1].split("---------------")[0]
+    assert len(text) >= 60 and sum(c.isalpha() for c in text) > 30
+    bad = run_cli("predict.py", f"ckpt_path={ckpt}", 'prompt="ROMEO: é"', "extras.print_config=false", env=log_env)
+    assert bad.returncode == 2
+    assert "does not know: 'é'" in bad.stdout and "prompt=" in bad.stdout
+
+
+def test_masked_lm_predict_prints_top_fills(capsys):
+    from attnlab.data.tokenizers import MLM_SPECIALS, CharTokenizer
+
+    tok = CharTokenizer("abcdefghijklmnopqrstuvwxyzT ", MLM_SPECIALS)
+    model = MaskedLM(vocab_size=tok.vocab_size, max_length=32, n_layer=1, n_head=2, n_embd=16,
+                     tokenizer=tok.to_json()).eval()
+    fills = model.predict_cli(OmegaConf.create({"text": "The [MASK]at", "top_k": 3}), None)
+    assert len(fills) == 1 and len(fills[0]) == 3
+    printed = capsys.readouterr().out
+    assert "[MASK] #1: 1." in printed and "filled: The " in printed
+    with pytest.raises(UserError, match=r"needs text=.*\[MASK\]"):
+        model.predict_cli(OmegaConf.create({"text": "no mask here"}), None)

@@ -1,0 +1,287 @@
+"""Segmentation building blocks: joint transforms, mIoU, U-Net shapes, sliding windows, and the bad-input errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import wandb
+from PIL import Image
+from torch import nn
+from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassJaccardIndex
+
+from attnlab.data import seg_transforms as T
+from attnlab.data.segmentation import MembraneDataModule, SegFolderDataModule
+from attnlab.errors import UserError
+from attnlab.nn.unet import UNet
+from attnlab.tasks.segmentation import Segmenter, iou_from_confusion, pad_forward, sliding_window
+from attnlab.utils.seg_media import denormalize
+from conftest import shared
+
+# ---- joint transforms
+
+
+def _pair(h: int = 60, w: int = 80, classes: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mask of 10x10 px blocks of classes 0..classes-1 and an image whose 3 channels spell the class out:
+    channel 0 = class / 10, channels 1 and 2 = the pixel's row and column (to follow geometry)."""
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, classes, (h // 10 + 1, w // 10 + 1), generator=g)
+    mask = blocks.repeat_interleave(10, 0).repeat_interleave(10, 1)[:h, :w]
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    image = torch.stack([mask.float() / 10, rows.float(), cols.float()])
+    return image, mask
+
+
+@pytest.mark.parametrize("augment", [
+    {"crop": "random", "hflip": 1.0, "vflip": 1.0},       # pure geometry: alignment must be exact
+    {"crop": "random", "hflip": 0.5},                     # crops larger than the image: padding
+])
+def test_crops_and_flips_keep_image_and_mask_exactly_aligned(augment):
+    image, mask = _pair()
+    t = T.train_transform(96, mean=[0, 0, 0], std=[1, 1, 1], augment=augment)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        x, y = t(image, mask)
+        assert x.shape == (3, 96, 96) and y.shape == (96, 96) and y.dtype == torch.long
+        pad = y == T.IGNORE_INDEX
+        assert pad.any()  # the 60x80 image is padded to 96x96 ...
+        assert (x[:, pad] == 0).all()  # ... the image with 0 where the mask is ignored
+        labelled = ~pad
+        assert torch.equal((x[0][labelled] * 10).round().long(), y[labelled])  # same class under every pixel
+        # each output pixel carries its source row and column: the mask there is the source mask's label
+        r, c = x[1][labelled].long(), x[2][labelled].long()
+        assert torch.equal(y[labelled], mask[r, c])
+        # and neighbours stay neighbours: a crop and flips move the grid as a whole
+        for i in range(96):
+            src_rows, src_cols = x[1, i][labelled[i]], x[2, i][labelled[i]]
+            if len(src_rows):
+                assert (src_rows == src_rows[0]).all() and (src_cols.diff().abs() == 1).all()
+
+
+@pytest.mark.parametrize("augment", [
+    {"crop": "random", "scale": [0.5, 2.0], "hflip": 0.5},
+    {"crop": "resized", "scale": [0.1, 1.0], "hflip": 0.5, "vflip": 0.5},
+    {"resize": 48, "crop": "random", "scale": [0.7, 1.3]},
+])
+def test_resizing_transforms_keep_labels_in_the_class_set_and_aligned(augment):
+    image, mask = _pair(120, 160)
+    t = T.train_transform(64, mean=[0, 0, 0], std=[1, 1, 1], augment=augment)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        x, y = t(image, mask)
+        assert x.shape == (3, 64, 64) and y.shape == (64, 64)
+        assert set(y.unique().tolist()) <= {0, 1, 2, 3, T.IGNORE_INDEX}  # nearest: never a blend of labels
+        labelled = y != T.IGNORE_INDEX
+        # the image's row/column channels (bilinear) say where each pixel came from; the mask (nearest) holds the
+        # source mask's label there, up to sub-pixel rounding at block borders
+        r = (x[1][labelled] + 0.5).floor().long().clamp(0, 119)
+        c = (x[2][labelled] + 0.5).floor().long().clamp(0, 159)
+        agree = (mask[r, c] == y[labelled]).float().mean()
+        assert agree > 0.95, (seed, float(agree))
+
+
+def test_eval_resize_keeps_mask_values():
+    image, mask = _pair(60, 80)
+    x, y = T.eval_transform([0, 0, 0], [1, 1, 1], resize=45)(image, mask)
+    assert y.shape == (45, 60) and x.shape == (3, 45, 60)
+    assert set(y.unique().tolist()) <= set(mask.unique().tolist())
+
+
+# ---- metrics
+
+
+def test_miou_equals_the_hand_computation():
+    target = torch.tensor([[[0, 0, 1], [1, 2, 255]]])
+    pred = torch.tensor([[[0, 1, 1], [1, 0, 2]]])
+    cm = MulticlassConfusionMatrix(4, ignore_index=255, validate_args=False)
+    cm.update(pred, target)
+    iou, miou, acc = iou_from_confusion(cm.compute())
+    # labelled pixels (truth, prediction): (0,0) (0,1) (1,1) (1,1) (2,0); the pixel labelled 255 is ignored
+    # class 0: tp 1, fp 1 (the 2 read as 0), fn 1 -> 1/3;  class 1: tp 2, fp 1, fn 0 -> 2/3
+    # class 2: tp 0, fn 1 -> 0;  class 3: in neither truth nor prediction -> left out of the mean
+    assert iou[:3].tolist() == pytest.approx([1 / 3, 2 / 3, 0.0])
+    assert torch.isnan(iou[3])
+    assert float(miou) == pytest.approx((1 / 3 + 2 / 3 + 0) / 3)
+    assert float(acc) == pytest.approx(3 / 5)
+    # torchmetrics' own Jaccard index agrees on the classes present
+    jac = MulticlassJaccardIndex(4, ignore_index=255, average="none")(pred, target)
+    assert jac[:3].tolist() == pytest.approx(iou[:3].tolist())
+
+
+# ---- networks and inference
+
+
+@pytest.mark.parametrize("size", [(37, 45), (16, 16), (33, 64), (101, 17)])
+def test_unet_output_has_the_input_size(size):
+    net = UNet(in_channels=3, num_classes=5, base_channels=4, depth=4)
+    y = net(torch.randn(2, 3, *size))  # odd sizes included
+    assert y.shape == (2, 5, *size)
+
+
+def test_unet_refuses_images_smaller_than_its_poolings():
+    with pytest.raises(ValueError, match="at least 16 px"):
+        UNet(1, 2, base_channels=4, depth=4)(torch.randn(1, 1, 12, 40))
+
+
+def test_sliding_window_equals_a_full_forward():
+    torch.manual_seed(0)
+    pointwise = nn.Conv2d(3, 4, kernel_size=1)  # every window sees the same pixels as the full image
+    x = torch.randn(2, 3, 100, 130)
+    with torch.no_grad():
+        full = pointwise(x)
+        for window, overlap in [(64, 0.5), (64, 0.0), (32, 1 / 3), (100, 0.25)]:
+            assert torch.allclose(sliding_window(pointwise, x, window, overlap), full, atol=1e-6)
+        small = x[..., :20, :50]  # smaller than the window: padded, then cut back
+        assert torch.allclose(sliding_window(pointwise, small, 64), pointwise(small), atol=1e-6)
+    # a U-Net whose window is the whole image: one tile, the full forward exactly
+    net = UNet(3, 4, base_channels=4, depth=3).eval()
+    x = torch.randn(1, 3, 48, 48)
+    with torch.no_grad():
+        assert torch.equal(sliding_window(net, x, 48), net(x))
+        assert torch.equal(pad_forward(net, x, 16), net(x))
+
+
+def test_segmenter_slides_only_over_images_larger_than_the_crop():
+    model = Segmenter(arch="unet", num_classes=3, in_chans=1, img_size=32, base_channels=4, depth=3).eval()
+    calls = []
+    model.net.register_forward_hook(lambda m, i, o: calls.append(tuple(i[0].shape[-2:])))
+    with torch.no_grad():
+        assert model.infer(torch.randn(1, 1, 32, 32)).shape == (1, 3, 32, 32)
+        assert calls == [(32, 32)]
+        calls.clear()
+        assert model.infer(torch.randn(1, 1, 70, 50)).shape == (1, 3, 70, 50)
+        assert calls and set(calls) == {(32, 32)}  # tiles of the crop size only
+
+
+def test_timm_backbone_under_each_head():
+    for head in ("upernet", "fpn", "unet"):
+        model = Segmenter(arch="encoder_decoder", backbone="resnet18", head=head, num_classes=3, in_chans=1,
+                          img_size=64).eval()
+        with torch.no_grad():
+            assert model.infer(torch.randn(1, 1, 96, 80)).shape == (1, 3, 96, 80)
+    with pytest.raises(UserError, match="not a timm model"):
+        Segmenter(arch="encoder_decoder", backbone="resnet_nope", num_classes=3)
+    with pytest.raises(UserError, match="not a segmentation head"):
+        Segmenter(arch="encoder_decoder", backbone="resnet18", head="nohead", num_classes=3)
+    with pytest.raises(UserError, match="multiple of 32"):
+        Segmenter(arch="encoder_decoder", backbone="resnet18", head="fpn", num_classes=3, img_size=100)
+
+
+# ---- data: the ISBI slices and bad folders
+
+
+def test_membrane_split_and_labels():
+    dm = MembraneDataModule(root=str(shared("isbi2012_em_membrane")), image_size=128, samples_per_epoch=30)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (30, 5, 5)
+    assert dm.meta == {"num_classes": 2, "image_size": 128, "channels": 1}
+    x, y = dm.val_set[0]
+    assert x.shape == (1, 512, 512) and y.shape == (512, 512)
+    raw = np.asarray(Image.open(shared("isbi2012_em_membrane") / "label" / "25.png"))
+    assert torch.equal(y, torch.from_numpy((raw == 255).astype(np.int64)))  # 255 cell -> 1, 0 membrane -> 0
+    x, y = dm.train_set[0]
+    assert x.shape == (1, 128, 128) and set(y.unique().tolist()) <= {0, 1}
+
+
+def _folder(root: Path, n: int = 4, size=(24, 20), mode: str = "RGB", values=(0, 1, 2)) -> Path:
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        shape = (size[1], size[0], 3) if mode == "RGB" else (size[1], size[0])
+        Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8), mode).save(root / "images" / f"im{i}.jpg")
+        mask = rng.choice(np.array(values, dtype=np.uint8), (size[1], size[0]))
+        Image.fromarray(mask, "L").save(root / "masks" / f"im{i}.png")
+    return root
+
+
+def _dm(root: Path, **kwargs) -> SegFolderDataModule:
+    dm = SegFolderDataModule(**({"root": str(root), "classes": ["a", "b", "c"], "image_size": 16,
+                                 "val_fraction": 0.25, "batch_size": 2} | kwargs))
+    dm.setup()
+    return dm
+
+
+def test_folder_of_pairs_loads(tmp_path):
+    dm = _dm(_folder(tmp_path / "ok"))
+    assert len(dm.train_set) == 3 and len(dm.val_set) == 1
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (2, 3, 16, 16) and y.shape == (2, 16, 16)
+
+
+def test_image_and_mask_counts_must_match(tmp_path):
+    root = _folder(tmp_path / "d")
+    (root / "masks" / "im3.png").unlink()
+    with pytest.raises(UserError, match=r"4 images .* but 3 masks .* images without a mask: im3.*Add the missing"):
+        _dm(root)
+
+
+def test_image_and_mask_sizes_must_match(tmp_path):
+    root = _folder(tmp_path / "d")
+    Image.fromarray(np.zeros((20, 23), np.uint8)).save(root / "masks" / "im2.png")
+    with pytest.raises(UserError, match=r"im2.jpg and mask .*im2.png differ in size: image 24x20, mask 23x20.*"
+                                        r"re-export it at the image's size"):
+        _dm(root)
+
+
+def test_mask_values_outside_the_class_list(tmp_path):
+    root = _folder(tmp_path / "d", values=(0, 1, 7))
+    with pytest.raises(UserError, match=r"masks.im\d.png holds values outside the class list: 7 .*data.label_map"):
+        _dm(root)
+    dm = _dm(root, label_map={7: 2})  # the fix the message names
+    assert set(dm.val_set[0][1].unique().tolist()) <= {0, 1, 2}
+    lazily = _dm(root, label_map=None, check_files=False)  # found when the pair is read, if not checked up front
+    with pytest.raises(UserError, match="outside the class list: 7"):
+        lazily.train_set[0]
+
+
+def test_grayscale_and_rgb_must_match_data_channels(tmp_path):
+    with pytest.raises(UserError, match=r"colour \(RGB\) \(PIL mode RGB\) but data.channels=1\. Set data.channels=3"):
+        _dm(_folder(tmp_path / "rgb"), channels=1, mean=[0.5], std=[0.5])
+    with pytest.raises(UserError, match=r"is grayscale \(PIL mode L\) but data.channels=3\. Set data.channels=1"):
+        _dm(_folder(tmp_path / "gray", mode="L"))
+
+
+def test_colour_masks_and_missing_folders_are_refused(tmp_path):
+    root = _folder(tmp_path / "d")
+    Image.new("RGB", (24, 20)).save(root / "masks" / "im1.png")
+    with pytest.raises(UserError, match="PIL mode RGB image: masks must be single-channel"):
+        _dm(root)
+    with pytest.raises(UserError, match="does not exist"):
+        _dm(tmp_path / "nowhere")
+    with pytest.raises(UserError, match="needs its class list"):
+        _dm(_folder(tmp_path / "e"), classes=None)
+
+
+# ---- validation pictures
+
+
+class WandbLogger:  # stands in for Lightning's (the task recognizes it by name) and records what is logged
+    def __init__(self):
+        self.logged: list[dict] = []
+        self.experiment = self
+
+    def log(self, data: dict) -> None:
+        self.logged.append(data)
+
+
+def test_overlay_grid_is_saved_under_the_run_dir_and_sent_to_wandb(tmp_path):
+    model = Segmenter(arch="unet", num_classes=3, in_chans=1, img_size=32, base_channels=4, depth=3,
+                      palette=[[0, 0, 0], [255, 0, 0], [0, 0, 255]])
+    wb = WandbLogger()
+    model._trainer = SimpleNamespace(loggers=[wb], default_root_dir=str(tmp_path), current_epoch=2, global_step=30)
+    truth = np.zeros((40, 60), np.int64)
+    truth[:, 30:] = 1
+    pred = np.full((40, 60), 2)
+    image = denormalize(torch.zeros(1, 40, 60), [0.5], [0.5])  # mid-gray
+    model._media = [(image, truth, pred)] * 2
+    model._save_media()
+    grid = np.asarray(Image.open(tmp_path / "media" / "val_epoch002_step000030.png"))
+    assert grid.shape == (2 * 256, 3 * 384, 3)  # 2 rows of image | truth | prediction, 256 px high
+    assert (grid[10, 10] == [128, 128, 128]).all()  # the image
+    assert (grid[10, 384 + 10] == [64, 64, 64]).all() and (grid[10, 384 + 300] == [192, 64, 64]).all()  # truth
+    assert (grid[10, 768 + 10] == [64, 64, 192]).all()  # prediction: class 2 over the image
+    assert wb.logged[0]["trainer/global_step"] == 30 and isinstance(wb.logged[0]["val/overlays"], wandb.Image)
