@@ -70,6 +70,21 @@ class Transformed(Dataset):
         return self.transform(img), y
 
 
+def image_files(input_path: str | Path | None, skip_suffix: str | None = None) -> list[Path]:
+    """The images named by predict.py's `input=`: one file, or every image under a folder (sorted)."""
+    if not input_path:
+        raise UserError("predict.py needs input=<image file or folder of images>.")
+    src = Path(input_path)
+    if not src.exists():
+        raise UserError(f"input={src} does not exist: give an image file or a folder of images.")
+    files = [src] if src.is_file() else sorted(
+        p for p in src.rglob("*")
+        if p.suffix.lower() in IMAGE_EXTENSIONS and not (skip_suffix and p.stem.endswith(skip_suffix)))
+    if not files:
+        raise UserError(f"no image files (*.png, *.jpg, ...) under {src}.")
+    return files
+
+
 def scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
     """root/<class>/<image files> -> (sorted class names, [(path, class index)])."""
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -95,10 +95,14 @@ class ImageClassifier(BaseTask):
         else:
             logits = self(x)
             loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        self.train_acc(logits.detach(), y)
+        self.train_acc.update(logits.detach(), y)
+        # one self.log per step: each call costs Lightning about a millisecond of bookkeeping
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
+
+    def on_train_epoch_end(self):
+        self.log("train/acc", self.train_acc.compute(), sync_dist=True)
+        self.train_acc.reset()
 
     def _eval_step(self, batch, stage: str):
         x, y = batch
@@ -168,17 +172,10 @@ class ImageClassifier(BaseTask):
         import csv
         from pathlib import Path
 
-        from attnlab.data.images import IMAGE_EXTENSIONS, FileImages
+        from attnlab.data.images import FileImages, image_files
         from attnlab.data.transforms import eval_transform
 
-        if not cfg.get("input"):
-            raise UserError("predict.py needs input=<image file or folder of images>.")
-        src = Path(cfg.input)
-        if not src.exists():
-            raise UserError(f"input={src} does not exist: give an image file or a folder of images.")
-        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
-        if not files:
-            raise UserError(f"no image files (*.png, *.jpg, ...) under {src}.")
+        files = image_files(cfg.get("input"))
         h, data = self.hparams, run_cfg.data
         images = FileImages([(str(f), -1) for f in files], h.in_chans,
                             eval_transform(h.img_size, h.in_chans, dict(data.get("augment") or {})))

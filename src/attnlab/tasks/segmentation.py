@@ -310,18 +310,10 @@ class Segmenter(BaseTask):
     # ---- predict.py
     def predict_cli(self, cfg, run_cfg) -> list[Path]:
         """Writes <name>_mask.png (class indices in a palette PNG) next to each image of `input` (a file or folder)."""
-        from attnlab.data.images import IMAGE_EXTENSIONS
+        from attnlab.data.images import image_files
         from attnlab.data.segmentation import channels_of, open_image
 
-        if not cfg.get("input"):
-            raise UserError("predict.py needs input=<image file or folder of images>.")
-        src = Path(cfg.input)
-        if not src.exists():
-            raise UserError(f"input={src} does not exist: give an image file or a folder of images.")
-        files = [src] if src.is_file() else sorted(
-            p for p in src.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and not p.stem.endswith("_mask"))
-        if not files:
-            raise UserError(f"no image files (*.png, *.jpg, ...) under {src}.")
+        files = image_files(cfg.get("input"), skip_suffix="_mask")
         h = self.hparams
         mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
         std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
