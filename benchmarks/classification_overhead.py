@@ -1,7 +1,8 @@
 """Platform overhead on image classification: images/s of a train.py run against a bare PyTorch loop that trains
 the same model on the same batches, measured in one process, alternating, so machine noise hits both.
 
-    python benchmarks/classification_overhead.py [--epochs 5] [--repeats 2] [overrides ...]
+    python benchmarks/classification_overhead.py [--epochs 6] [--repeats 3] [overrides ...]
+    python benchmarks/classification_overhead.py --epochs 3 experiment=vit_cifar10 trainer.limit_train_batches=8
 
 Prints one markdown row per repeat and the median ratio ours / bare (1.0 = no overhead). Both are timed in steady
 state: from the start of the second epoch to the end, so one-off setup (loop construction, the FLOP count and
@@ -42,7 +43,9 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
     model = builders.build_task(cfg, dm)
     net = model.net
     loader = dm.train_dataloader()
-    steps = epochs * len(loader)
+    limit = cfg.trainer.get("limit_train_batches")
+    per_epoch = min(len(loader), int(limit)) if limit and limit > 1 else len(loader)
+    steps = epochs * per_epoch
 
     class _T:  # what configure_optimizers reads from the trainer
         estimated_stepping_batches = steps
@@ -52,14 +55,21 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
     conf = model.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
     smoothing = cfg.model.label_smoothing
+    mixup = model.mixup
     net.train()
     n, start = 0, time.perf_counter()
     for epoch in range(epochs):
         if epoch == 1:
             n, start = 0, time.perf_counter()
         loader.sampler.set_epoch(epoch)
-        for x, y in loader:
-            loss = F.cross_entropy(net(x), y, label_smoothing=smoothing)
+        for i, (x, y) in enumerate(loader):
+            if i == per_epoch:
+                break
+            if mixup is not None:
+                x, y_soft = mixup(x, y)
+                loss = model.mix_loss(net(x), y_soft)
+            else:
+                loss = F.cross_entropy(net(x), y, label_smoothing=smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

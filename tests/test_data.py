@@ -131,3 +131,22 @@ def test_corrupt_image_is_named(tmp_path, workers):
             pass
     msg = user_message(err.value)
     assert msg.startswith(f"cannot read image file {bad}") and "Original Traceback" not in msg
+
+
+def test_randaugment_policies_of_the_configs_run_on_many_images():
+    """timm's increasing-posterize (`-inc1`) asks Pillow for 0 bits at top magnitude; the configs must not use it."""
+    import yaml
+    from timm.data import create_transform
+
+    from attnlab.config import CONF_DIR
+
+    policies = set()
+    for path in list((CONF_DIR / "data").glob("*.yaml")) + list((CONF_DIR / "experiment").glob("*.yaml")):
+        text = path.read_text()
+        policies |= {w.strip("'\",") for w in text.split() if w.strip("'\",").startswith("rand-")}
+    assert policies
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    for policy in policies:
+        t = create_transform(32, is_training=True, auto_augment=policy)
+        for _ in range(2000):
+            t(img)

@@ -17,7 +17,7 @@ def _stats(augment: dict, channels: int) -> tuple[tuple, tuple]:
 
 def train_transform(image_size: int, channels: int, augment: dict[str, Any] | None):
     """timm's training pipeline. `augment` takes create_transform's arguments: scale, ratio, hflip, vflip,
-    color_jitter, auto_augment ("rand-m9-mstd0.5-inc1", "augmix-...", "trivialaugment"), re_prob, interpolation."""
+    color_jitter, auto_augment ("rand-m9-mstd0.5", "augmix-...", "trivialaugment"), re_prob, interpolation."""
     augment = dict(augment or {})
     if not augment:
         return eval_transform(image_size, channels, augment)
