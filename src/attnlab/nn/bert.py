@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -10,30 +10,18 @@ from torch import nn
 
 from attnlab.nn.embeddings import TokenPositionEmbedding
 from attnlab.nn.gpt import check_length
-from attnlab.nn.layers import Block, init_gpt2_, make_norm
+from attnlab.nn.layers import Block, StackConfig, init_gpt2_, make_norm
 
 
 @dataclass
-class BertConfig:
-    vocab_size: int
+class BertConfig(StackConfig):
     max_length: int = 128
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
     dropout: float = 0.1
     bias: bool = True
-    positional: str = "learned"      # learned | sinusoidal | rope
-    norm: str = "layernorm"          # layernorm | rmsnorm
     norm_position: str = "post"      # post (BERT) | pre
-    ffn: str = "gelu"                # relu | gelu | swiglu
-    ffn_mult: float = 4.0
-    tie_weights: bool = True
-
-    @classmethod
-    def split(cls, kwargs: dict) -> tuple[BertConfig, dict]:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
-                                                                        if k not in names}
 
 
 class BertMLM(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -13,32 +13,13 @@ from torch import nn
 from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
-from attnlab.nn.layers import Block, init_gpt2_, make_norm
+from attnlab.nn.layers import Block, StackConfig, init_gpt2_, make_norm
 
 
 @dataclass
-class GPTConfig:
-    vocab_size: int
+class GPTConfig(StackConfig):
     block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
-    bias: bool = False
-    positional: str = "learned"      # learned | sinusoidal | rope
-    norm: str = "layernorm"          # layernorm | rmsnorm
-    norm_position: str = "pre"       # pre | post
-    ffn: str = "gelu"                # relu | gelu | swiglu
-    ffn_mult: float = 4.0
-    tie_weights: bool = True
     pad_vocab_multiple: int = 1      # round the embedding table up (GPT-2: 50257 -> 50304) for faster matmuls
-
-    @classmethod
-    def split(cls, kwargs: dict) -> tuple[GPTConfig, dict]:
-        """(the GPTConfig built from the keys it knows, the other keys)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
-                                                                        if k not in names}
 
     @property
     def padded_vocab(self) -> int:

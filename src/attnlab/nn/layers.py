@@ -3,6 +3,8 @@ cross-attention, feed-forward) with pre- or post-norm residuals."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,3 +103,29 @@ def init_gpt2_(module: nn.Module, n_layer: int, std: float = 0.02) -> None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=std)
+
+
+@dataclass
+class StackConfig:
+    """Settings every Transformer stack shares (the GPT decoder, the BERT encoder)."""
+
+    vocab_size: int
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = False
+    positional: str = "learned"      # learned | sinusoidal | rope
+    norm: str = "layernorm"          # layernorm | rmsnorm
+    norm_position: str = "pre"       # pre | post
+    ffn: str = "gelu"                # relu | gelu | swiglu
+    ffn_mult: float = 4.0
+    tie_weights: bool = True
+
+    @classmethod
+    def split(cls, kwargs: dict):
+        """(the config built from the keys it knows, the other keys)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
+                                                                        if k not in names}
+
