@@ -136,3 +136,14 @@ def test_optimizer_and_scheduler_choices_train(tmp_path):
                           tmp_path / str(i))
         value = train(cfg)
         assert value is not None and not math.isnan(value)
+
+
+def test_gpu_requests_the_machine_cannot_serve_say_what_to_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cfg = compose_cfg(["trainer=gpu", "trainer.max_epochs=1", *FAST], tmp_path)
+    with pytest.raises(UserError, match="asks for a CUDA GPU, but this machine has none.*trainer=cpu"):
+        train(cfg)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = compose_cfg(["trainer=ddp", "trainer.devices=8", "trainer.max_epochs=1", *FAST], tmp_path)
+    with pytest.raises(UserError, match="trainer.devices=8 but this machine has 2 GPU"):
+        train(cfg)

@@ -94,8 +94,28 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
     return global_batch_size // per_step
 
 
+def check_devices(trainer_cfg) -> None:
+    """Refuse a GPU request this machine cannot serve, before Lightning fails somewhere deeper."""
+    accel, devices = str(trainer_cfg.get("accelerator", "auto")), trainer_cfg.get("devices", 1)
+    if accel not in ("gpu", "cuda"):
+        return
+    available = torch.cuda.device_count()
+    if available == 0:
+        raise UserError(
+            f"trainer.accelerator={accel} asks for a CUDA GPU, but this machine has none visible to PyTorch. "
+            "Use trainer=cpu (or trainer=ddp_cpu for multi-process DDP on CPU), or check CUDA_VISIBLE_DEVICES and "
+            "the installed torch build."
+        )
+    if isinstance(devices, int) and devices > available:
+        raise UserError(
+            f"trainer.devices={devices} but this machine has {available} GPU(s). Set trainer.devices to at most "
+            f"{available} (or trainer.devices=auto for all of them)."
+        )
+
+
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
     trainer_cfg = cfg.trainer
+    check_devices(trainer_cfg)
     if cfg.get("global_batch_size"):
         accumulate = accumulation_for(int(cfg.global_batch_size), int(cfg.data.batch_size),
                                       device_count(trainer_cfg), int(trainer_cfg.get("num_nodes", 1)))
