@@ -10,7 +10,7 @@ from torch import nn
 
 from attnlab.nn.embeddings import TokenPositionEmbedding
 from attnlab.nn.gpt import check_length
-from attnlab.nn.layers import Block, StackConfig, init_gpt2_, make_norm
+from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
 
 
 @dataclass
@@ -24,8 +24,10 @@ class BertConfig(StackConfig):
     norm_position: str = "post"      # post (BERT) | pre
 
 
-class BertMLM(nn.Module):
+class BertMLM(StackAccounting, nn.Module):
     """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size)."""
+
+    context_length = "max_length"
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -61,16 +63,3 @@ class BertMLM(nn.Module):
         h = self.head_norm(F.gelu(self.head_dense(h)))                     # (B, T, C)
         return self.decoder(h) + self.decoder_bias                         # (B, T, V)
 
-    def no_weight_decay(self) -> set[str]:
-        return {n for n, _ in self.named_parameters() if n.startswith("embed.pos.")}
-
-    def num_params(self, non_embedding: bool = True) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.embed.pos is not None:
-            n -= sum(p.numel() for p in self.embed.pos.parameters())
-        return n
-
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        c = self.config
-        T = seq_len or c.max_length
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T

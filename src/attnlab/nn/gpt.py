@@ -13,7 +13,7 @@ from torch import nn
 from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
-from attnlab.nn.layers import Block, StackConfig, init_gpt2_, make_norm
+from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
 
 
 @dataclass
@@ -41,7 +41,7 @@ def check_length(T: int, block_size: int, what: str = "model.block_size") -> Non
         )
 
 
-class GPT(nn.Module):
+class GPT(StackAccounting, nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = c = config
@@ -96,24 +96,6 @@ class GPT(nn.Module):
         """idx (B, T) -> (B, T + max_new_tokens)."""
         new = list(self.stream(idx, max_new_tokens, temperature, top_k, generator))
         return torch.cat([idx, *new], dim=1)
-
-    # ---- bookkeeping
-    def no_weight_decay(self) -> set[str]:
-        return {n for n, _ in self.named_parameters() if n.startswith("embed.pos.")}
-
-    def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters, counted once when tied; without the position table (nanoGPT's count) by default."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.embed.pos is not None:
-            n -= sum(p.numel() for p in self.embed.pos.parameters())
-        return n
-
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs (forward + backward) per token: 6N for the weights plus 12 L H Q T for attention
-        (PaLM appendix B, as in nanoGPT's MFU estimate)."""
-        c = self.config
-        T = seq_len or c.block_size
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self.config).items())

@@ -129,3 +129,27 @@ class StackConfig:
         return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
                                                                         if k not in names}
 
+
+class StackAccounting:
+    """Parameter and FLOP bookkeeping of a Transformer stack with `self.config` (StackConfig) and `self.embed`
+    (TokenPositionEmbedding); `context_length` is the config field giving the default sequence length."""
+
+    context_length: str = "block_size"
+
+    def no_weight_decay(self) -> set[str]:
+        return {n for n, _ in self.named_parameters() if n.startswith("embed.pos.")}
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters, counted once when tied; without the position table (nanoGPT's count) by default."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.embed.pos is not None:
+            n -= sum(p.numel() for p in self.embed.pos.parameters())
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token: 6N for the weights plus 12 L H Q T for attention
+        (PaLM appendix B, as in nanoGPT's MFU estimate)."""
+        c = self.config
+        T = seq_len or getattr(c, self.context_length)
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
+
