@@ -62,4 +62,3 @@ class BertMLM(StackAccounting, nn.Module):
         h = self.encode(input_ids, attention_mask)
         h = self.head_norm(F.gelu(self.head_dense(h)))                     # (B, T, C)
         return self.decoder(h) + self.decoder_bias                         # (B, T, V)
-
