@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -10,11 +12,32 @@ from attnlab.config import CONF_DIR, register_resolvers
 register_resolvers()
 
 
+FREE_TEXT = ("text", "prompt")
+
+
+def quote_free_text(argv: list[str]) -> list[str]:
+    """`text=Ein Mann fährt Fahrrad.` as the shell passes it (quotes gone) is not a valid Hydra value (spaces,
+    non-ASCII letters, punctuation): quote the free-text options so any sentence or prompt goes through."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") in FREE_TEXT and not (value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1):
+            value = "'" + value.replace("'", "\\'") + "'"
+            arg = f"{key}={value}"
+        out.append(arg)
+    return out
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="predict")
-def main(cfg: DictConfig):
+def _main(cfg: DictConfig):
     from attnlab.cli.app import run_app
 
     return run_app(predict, cfg)
+
+
+def main():
+    sys.argv = quote_free_text(sys.argv)
+    return _main()
 
 
 def predict(cfg: DictConfig):

@@ -51,6 +51,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
         self.rotary = rotary
+        self.record_weights = False  # keep the attention weights of the last call in `last_weights`
+        self.last_weights: torch.Tensor | None = None
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, C = t.shape
@@ -58,19 +60,26 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
                 key_padding_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """With a cache, self-attention appends this call's keys/values to it; cross-attention fills it with the
+        context's keys/values on the first call and reuses them afterwards (the context does not change)."""
         B, T, C = x.shape
         if self.cross:
-            if context is None:
-                raise ValueError("cross-attention needs a context")
             q = self._heads(self.q_proj(x))                           # (B, nh, T, hd)
-            k, v = (self._heads(t) for t in self.kv_proj(context).split(C, dim=2))  # (B, nh, S, hd) each
+            if cache is not None and cache.length:
+                k, v = cache.k, cache.v                               # (B, nh, S, hd) each
+            else:
+                if context is None:
+                    raise ValueError("cross-attention needs a context")
+                k, v = (self._heads(t) for t in self.kv_proj(context).split(C, dim=2))  # (B, nh, S, hd) each
+                if cache is not None:
+                    cache.append(k, v)
         else:
             q, k, v = (self._heads(t) for t in self.qkv_proj(x).split(C, dim=2))   # (B, nh, T, hd) each
-        past = cache.length if cache is not None else 0
-        if self.rotary is not None and not self.cross:
-            q, k = self.rotary(q, past), self.rotary(k, past)
-        if cache is not None:
-            k, v = cache.append(k, v)                                 # (B, nh, past + T, hd)
+            past = cache.length if cache is not None else 0
+            if self.rotary is not None:
+                q, k = self.rotary(q, past), self.rotary(k, past)
+            if cache is not None:
+                k, v = cache.append(k, v)                             # (B, nh, past + T, hd)
         S = k.shape[2]
 
         mask = None
@@ -80,12 +89,20 @@ class MultiHeadAttention(nn.Module):
             # query t (absolute position past + t) sees keys <= past + t
             allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)  # (T, S)
             mask = allowed if mask is None else mask & allowed
-        use_causal_flag = causal and mask is not None and key_padding_mask is None and S == T
-        y = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=None if use_causal_flag else mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=use_causal_flag,
-        )                                                             # (B, nh, T, hd)
+        if self.record_weights:  # explicit softmax, to keep the weights (alignment plots); same result as SDPA
+            att = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5     # (B, nh, T, S)
+            if mask is not None:
+                att = att.masked_fill(~mask, float("-inf"))
+            att = att.softmax(dim=-1)
+            self.last_weights = att.detach()
+            y = F.dropout(att, self.dropout, self.training) @ v       # (B, nh, T, hd)
+        else:
+            use_causal_flag = causal and mask is not None and key_padding_mask is None and S == T
+            y = F.scaled_dot_product_attention(
+                q, k, v,
+                attn_mask=None if use_causal_flag else mask,
+                dropout_p=self.dropout if self.training else 0.0,
+                is_causal=use_causal_flag,
+            )                                                         # (B, nh, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, C)              # (B, T, C)
         return self.resid_dropout(self.out_proj(y))

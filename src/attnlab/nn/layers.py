@@ -84,12 +84,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, causal: bool = False, key_padding_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, context: torch.Tensor | None = None,
-                context_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                context_padding_mask: torch.Tensor | None = None, cross_cache: KVCache | None = None) -> torch.Tensor:
         x = self._sublayer(x, self.norm1, lambda h: self.attn(h, causal=causal, key_padding_mask=key_padding_mask,
                                                               cache=cache))
         if self.cross_attn is not None:
             x = self._sublayer(x, self.norm_cross, lambda h: self.cross_attn(
-                h, context, key_padding_mask=context_padding_mask))
+                h, context, key_padding_mask=context_padding_mask, cache=cross_cache))
         return self._sublayer(x, self.norm2, self.ffn)          # (B, T, C)
 
 
@@ -105,8 +105,19 @@ def init_gpt2_(module: nn.Module, n_layer: int, std: float = 0.02) -> None:
             nn.init.normal_(m.weight, mean=0.0, std=std)
 
 
+class ConfigSplit:
+    """A dataclass mixin: `split(kwargs)` takes the keys the dataclass knows and leaves the rest."""
+
+    @classmethod
+    def split(cls, kwargs: dict):
+        """(the config built from the keys it knows, the other keys)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
+                                                                        if k not in names}
+
+
 @dataclass
-class StackConfig:
+class StackConfig(ConfigSplit):
     """Settings every Transformer stack shares (the GPT decoder, the BERT encoder)."""
 
     vocab_size: int
@@ -121,13 +132,6 @@ class StackConfig:
     ffn: str = "gelu"                # relu | gelu | swiglu
     ffn_mult: float = 4.0
     tie_weights: bool = True
-
-    @classmethod
-    def split(cls, kwargs: dict):
-        """(the config built from the keys it knows, the other keys)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in kwargs.items() if k in names}), {k: v for k, v in kwargs.items()
-                                                                        if k not in names}
 
 
 class StackAccounting:
