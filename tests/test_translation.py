@@ -154,11 +154,15 @@ SHORT = ["experiment=mt_transformer", "model.n_layer=2", "model.n_embd=128", "mo
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """train.py as a user runs it, logging to W&B offline (no API key)."""
     shared("multi30k")
-    run_dir = tmp_path_factory.mktemp("mt_run")
-    cfg = compose_cfg(SHORT, run_dir)
-    train(cfg)
-    return run_dir, cfg
+    base = tmp_path_factory.mktemp("mt")
+    run_dir = base / "run"
+    env = {"HOME": str(base), "WANDB_API_KEY": "", "WANDB_MODE": "", "ATTNLAB_CACHE_DIR": str(base / "cache"),
+           "ATTNLAB_LOG_DIR": str(base / "logs")}
+    out = run_cli("train.py", *SHORT, "logger=wandb", f"hydra.run.dir={run_dir}", env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    return run_dir, compose_cfg(SHORT, run_dir)
 
 
 def test_a_short_run_on_multi30k_beats_the_untrained_model(trained):
@@ -183,6 +187,17 @@ def test_a_short_run_on_multi30k_beats_the_untrained_model(trained):
     assert metrics["test/bleu"] > 4.0 and metrics["val/ppl"] < 60
     pngs = sorted((run_dir / "alignments").glob("*.png"))
     assert len(pngs) == 4 and all(p.stat().st_size > 5_000 for p in pngs)
+
+
+def test_translations_and_alignments_reach_wandb(trained):
+    run_dir, _ = trained
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    media = offline / "files" / "media"
+    (table,) = media.rglob("val/translations*.table.json")
+    data = json.loads(table.read_text())
+    assert data["columns"] == ["source", "reference", "translation"] and len(data["data"]) == 2
+    assert len(list(media.rglob("val/alignments*/*.png")) or list((media / "images" / "val").glob("alignments*"))) == 4
+    (test_table,) = media.rglob("test/translations*.table.json")
 
 
 def test_predict_translates_a_sentence_and_a_file(trained, tmp_path, log_env):

@@ -12,6 +12,7 @@ by a sentence count or a token budget, so padding stays small. Each batch is a d
 from __future__ import annotations
 
 import gzip
+import unicodedata
 import logging
 import urllib.request
 from collections.abc import Iterator
@@ -37,6 +38,11 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 
 
 # ---- reading sentence pairs
+
+def clean_text(text: str, lowercase: bool = False, normalize: str | None = None) -> str:
+    text = unicodedata.normalize(normalize, text) if normalize else text
+    return text.lower() if lowercase else text
+
 
 def _read_lines(path: Path) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
@@ -260,7 +266,8 @@ class TranslationDataModule(BaseDataModule):
     Args:
         src_lang / tgt_lang: the direction (Multi30k: en, de, fr, cs; hub: the keys of the translation records).
         joint_vocab: one BPE vocabulary for both languages (needed for shared embeddings), or one per language.
-        vocab_size, min_frequency, lowercase: tokenizer settings; lowercase also applies to the BLEU references.
+        vocab_size, min_frequency: tokenizer settings.
+        lowercase, normalize (a Unicode normal form such as NFKC): applied to all text, the BLEU references too.
         max_length: longest sequence in tokens, [BOS]/[EOS] included; longer sentences are truncated (warned).
         max_tokens: a token budget per training batch (padded), instead of a fixed batch_size.
     """
@@ -269,7 +276,8 @@ class TranslationDataModule(BaseDataModule):
                  src_lang: str = "de", tgt_lang: str = "en", data_dir: str = "data",
                  train: Any = None, val: Any = None, test: Any = None, hub: dict | None = None,
                  download: bool = True, joint_vocab: bool = True, vocab_size: int = 8000, min_frequency: int = 2,
-                 lowercase: bool = False, max_length: int = 128, max_tokens: int | None = None,
+                 lowercase: bool = False, normalize: str | None = None, max_length: int = 128,
+                 max_tokens: int | None = None,
                  cache_dir: str = ".cache", src_vocab_size: int | None = None, tgt_vocab_size: int | None = None,
                  pad_id: int | None = None, bos_id: int | None = None, eos_id: int | None = None,
                  **base: Any):
@@ -289,7 +297,10 @@ class TranslationDataModule(BaseDataModule):
         self.files = {"train": train, "val": val, "test": test}
         self.hub, self.download = hub, download
         self.joint_vocab, self.vocab_size, self.min_frequency = joint_vocab, int(vocab_size), int(min_frequency)
-        self.lowercase, self.max_length, self.max_tokens = lowercase, int(max_length), max_tokens
+        if normalize and normalize not in ("NFC", "NFKC", "NFD", "NFKD"):
+            raise UserError(f"data.normalize={normalize}: use a Unicode normal form (NFC, NFKC, NFD, NFKD) or null.")
+        self.lowercase, self.normalize = lowercase, normalize
+        self.max_length, self.max_tokens = int(max_length), max_tokens
         self.tokenizers: tuple[TextTokenizer, TextTokenizer] | None = None
         self.texts: dict[str, tuple[list[str], list[str]]] = {}
 
@@ -339,9 +350,8 @@ class TranslationDataModule(BaseDataModule):
                 src, tgt = read_pair(Path(spec[0]).expanduser(), Path(spec[1]).expanduser(), self._hint())
             else:
                 raise UserError(f"data.{split}={spec}: give [source_file, target_file] or one .tsv file.")
-        if self.lowercase:
-            src, tgt = [s.lower() for s in src], [t.lower() for t in tgt]
-        return src, tgt
+        return [clean_text(t, self.lowercase, self.normalize) for t in src], \
+            [clean_text(t, self.lowercase, self.normalize) for t in tgt]
 
     def _identity(self, split: str) -> Any:
         if self.source == "multi30k":
@@ -362,7 +372,7 @@ class TranslationDataModule(BaseDataModule):
         self.texts = {split: self._read(split) for split in ("train", "val", "test")}
         train_src, train_tgt = self.texts["train"]
         corpus = {"source": self.source, "train": self._identity("train"), "langs": [self.src_lang, self.tgt_lang],
-                  "lowercase": self.lowercase}
+                  "lowercase": self.lowercase, "normalize": self.normalize}
         settings = dict(cache_dir=self.cache_dir, vocab_size=self.vocab_size, specials=SPECIALS,
                         min_frequency=self.min_frequency)
         if self.joint_vocab:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hydra.utils import get_class
 from torchmetrics import MeanMetric
 
-from attnlab.data.translation import tokenizer_pair
+from attnlab.data.translation import clean_text, tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import decode, greedy
 from attnlab.tasks.base import BaseTask
@@ -263,7 +263,7 @@ class Translator(BaseTask):
         out = []
         for start in range(0, len(lines), int(cfg.get("batch_size") or 64)):
             chunk = lines[start : start + int(cfg.get("batch_size") or 64)]
-            texts = [t.strip().lower() if data.get("lowercase") else t.strip() for t in chunk]
+            texts = [clean_text(t.strip(), bool(data.get("lowercase")), data.get("normalize")) for t in chunk]
             ids = [src_tok.encode(t)[: limit - 1] + [self.hparams.eos_id] for t in texts]
             src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True,
                                                   padding_value=self.hparams.pad_id).to(self.device)
