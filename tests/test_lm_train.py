@@ -99,3 +99,33 @@ def test_masked_lm_predict_prints_top_fills(capsys):
     assert "[MASK] #1: 1." in printed and "filled: The " in printed
     with pytest.raises(UserError, match=r"needs text=.*\[MASK\]"):
         model.predict_cli(OmegaConf.create({"text": "no mask here"}), None)
+
+
+class WandbLogger:  # what the tasks look for (by name) to log media; records the payloads
+    def __init__(self):
+        self.experiment, self.logged = self, []
+
+    def log(self, payload):
+        self.logged.append(payload)
+
+
+class _Trainer:
+    global_step, is_global_zero, sanity_checking = 7, True, False
+
+    def __init__(self):
+        self.loggers = [WandbLogger()]
+
+
+def test_generated_samples_go_to_a_wandb_table():
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.tasks.language_model import CausalLM
+
+    tok = CharTokenizer("abcdefgh \n")
+    model = CausalLM(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, num_samples=2,
+                     sample_tokens=10, sample_prompt="ab", tokenizer=tok.to_json())
+    model._trainer = _Trainer()
+    model.log_samples()
+    (payload,) = model._trainer.loggers[0].logged
+    table = payload["val/samples"]
+    assert table.columns == ["step", "prompt", "text"] and len(table.data) == 2
+    assert all(row[0] == 7 and row[2].startswith("ab") and len(row[2]) == 12 for row in table.data)

@@ -20,6 +20,7 @@ from attnlab.errors import UserError
 from attnlab.nn.bert import BertConfig, BertMLM
 from attnlab.nn.gpt import GPT, GPTConfig, check_length
 from attnlab.tasks.base import BaseTask
+from attnlab.utils.media import log_table
 
 log = logging.getLogger("attnlab")
 
@@ -161,13 +162,17 @@ class CausalLM(_LanguageModel):
             return
         was_training = self.net.training
         self.net.eval()
+        rows = []
         try:
             for i in range(int(h.num_samples)):
                 idx = self.prompt_ids(h.sample_prompt)
                 out = self.net.generate(idx, int(h.sample_tokens), h.sample_temperature, h.sample_top_k)
-                log.info("sample %d at step %d:\n%s", i + 1, self.global_step, self.tokenizer.decode(out[0].tolist()))
+                text = self.tokenizer.decode(out[0].tolist())
+                log.info("sample %d at step %d:\n%s", i + 1, self.global_step, text)
+                rows.append([self.global_step, h.sample_prompt, text])
         finally:
             self.net.train(was_training)
+        log_table(self.trainer, "val/samples", ["step", "prompt", "text"], rows)
 
     # ---- predict.py
     def predict_cli(self, cfg, run_cfg) -> list[str]:
@@ -251,14 +256,18 @@ class MaskedLM(_LanguageModel):
         b, tok = self._sample_batch, self.tokenizer
         if not b:
             return
+        rows = []
         for i in range(b["input_ids"].shape[0]):
             real = b["attention_mask"][i].bool()
             masked = b["labels"][i] != -100
             ids = b["input_ids"][i][real].tolist()
             truth = torch.where(masked, b["labels"][i], b["input_ids"][i])[real].tolist()
             pred = torch.where(masked, b["pred"][i], b["input_ids"][i])[real].tolist()
+            row = [_show(tok, ids), _show(tok, truth), _show(tok, pred)]
             log.info("masked-LM sample %d at step %d:\n  input:     %s\n  original:  %s\n  predicted: %s", i + 1,
-                     self.global_step, _show(tok, ids), _show(tok, truth), _show(tok, pred))
+                     self.global_step, *row)
+            rows.append([self.global_step, *row])
+        log_table(self.trainer, "val/samples", ["step", "input", "original", "predicted"], rows)
 
     # ---- predict.py
     def predict_cli(self, cfg, run_cfg) -> list[list[tuple[str, float]]]:
