@@ -121,9 +121,32 @@ def test_optuna_sweep_optimizes_the_returned_metric(tmp_path, log_env):
     assert 0.0 <= best["best_value"] <= 1.0 and "optimizer.lr" in best["best_params"]
 
 
+def wandb_records(offline_run: Path):
+    """The records of an offline W&B run (its run-<id>.wandb file: W&B's leveldb-style log of protobuf records)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = offline_run.glob("run-*.wandb")
+    data, block, i, buf = path.read_bytes(), 32768, 7, b""
+    assert data[:4] == b":W&B"
+    while i + 7 <= len(data):
+        if block - i % block < 7:  # a block's tail too short for a record header is padding
+            i += block - i % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[i:i + 7])
+        buf, i = buf + data[i + 7:i + 7 + length], i + 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            yield rec
+            buf = b""
+
+
 def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_path, log_env):
     env = log_env | {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
-    out = run_cli("train.py", "logger=wandb", *QUICK, "test=false", env=env)
+    out = run_cli("train.py", "logger=wandb", *QUICK, "test=false", "logger.wandb.log_model=true",
+                  "logger.wandb.group=ablation-1", "tags=[vit,digits,baseline]", env=env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "W&B: no API key found" in out.stdout and "wandb sync" in out.stdout
     (run_dir,) = _run_dirs(tmp_path / "logs")
@@ -131,6 +154,15 @@ def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_pa
     run_id = offline.name.rsplit("-", 1)[1]
     media = offline / "files" / "media"
     assert list(media.rglob("predictions*.table.json")) and list(media.rglob("*.png"))
+    records = list(wandb_records(offline))
+    (run,) = [r.run for r in records if r.HasField("run")]
+    assert (run.run_group, run.job_type, list(run.tags)) == ("ablation-1", "train", ["vit", "digits", "baseline"])
+    # logger.wandb.log_model=true: the checkpoints, recorded offline as versions of this run's model artifact
+    models = [r.artifact for r in records if r.HasField("artifact") and r.artifact.type == "model"]
+    assert {a.name for a in models} == {f"model-{run_id}"}
+    (best,) = [a for a in models if "best" in a.aliases]
+    assert json.loads(best.metadata)["original_filename"] == "epoch_000.ckpt"
+    assert [e.path for e in best.manifest.contents] == ["model.ckpt"]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["attnlab"]["wandb_run_id"] == run_id
 
@@ -148,3 +180,35 @@ def test_incompatible_model_and_data_are_refused_with_the_choices(log_env):
     msg = out.stdout.split("attnlab: error: ")[1]
     assert "model=swin cannot train on data=tinyshakespeare" in msg
     assert "cifar10" in msg and "digits" in msg and "imagenet" in msg
+
+
+HIDE_SUBMITIT = '''
+import importlib.abc, sys
+
+class _Hide(importlib.abc.MetaPathFinder):  # as if hydra-submitit-launcher were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "hydra_plugins.hydra_submitit_launcher" or name.startswith("hydra_plugins.hydra_submitit_launcher."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Hide())
+'''
+
+
+def test_a_launcher_whose_plugin_is_missing_names_the_package_to_install(tmp_path, log_env):
+    (tmp_path / "sitecustomize.py").write_text(HIDE_SUBMITIT)
+    env = log_env | {"PYTHONPATH": str(tmp_path)}
+    out = run_cli("train.py", "-m", "launcher=slurm", "launcher.partition=gpu", env=env, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stdout, out.stdout[-3000:]
+    msg = out.stdout.split("attnlab: error: ")[1]
+    assert "launcher=slurm" in msg and "'submitit_slurm' plugin, which is not installed" in msg
+    assert "pip install hydra-submitit-launcher" in msg
+    assert not (tmp_path / "logs").exists()  # stopped before anything ran
+
+
+def test_a_sweep_over_a_key_missing_from_the_config_is_refused_before_any_job(tmp_path, log_env):
+    out = run_cli("train.py", "-m", "optimizer.lr=1e-3,3e-4", "optimizer.no_such_option=1,2", "debug=fdr",
+                  env=log_env, timeout=120)
+    assert out.returncode != 0 and "Could not override 'optimizer.no_such_option'" in out.stdout
+    assert "+optimizer.no_such_option" in out.stdout  # how to add a new key on purpose
+    assert not list((tmp_path / "logs").rglob("config.yaml"))  # no job ran

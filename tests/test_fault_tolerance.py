@@ -1,13 +1,16 @@
-"""Checkpoints survive kills: SIGTERM saves the current state, and a failed write never replaces a good file."""
+"""Checkpoints survive kills: SIGTERM saves the current state, a failed write never replaces a good file, and a
+killed run started again in its directory continues exactly where it stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 import torch
 
@@ -53,3 +56,56 @@ def test_sigterm_saves_the_current_step_before_exit(tmp_path):
     saved = torch.load(last, weights_only=False)
     assert saved["global_step"] > first_step, out[-2000:]
     assert "SIGTERM" in out
+
+
+def _metrics(run_dir):
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path):
+    """SIGKILL mid-epoch (no chance to save), then the same command again: the run resumes from the directory's
+    last.ckpt at the same step, the same batch of the epoch and the same random state, in the same W&B run, and
+    ends exactly where an uninterrupted run ends."""
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(SHARED_DATA),
+                        "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
+    args = [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=2", "logger=[csv,wandb]",
+            "callbacks.model_checkpoint.every_n_train_steps=5", "extras.print_config=false",
+            "callbacks.progress_bar=null", "callbacks.model_summary=null"]
+    steps_per_epoch = 1258 // 32  # digits' training split, data.batch_size=32, last partial batch dropped
+
+    def run(run_dir):
+        out = subprocess.run([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:]
+        return out.stdout
+
+    run(tmp_path / "whole")
+
+    run_dir = tmp_path / "killed"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    step, deadline = 0, time.time() + 300
+    while proc.poll() is None and time.time() < deadline:  # kill in the second epoch, after a mid-epoch save
+        if last.exists():
+            step = torch.load(last, weights_only=False, map_location="cpu")["global_step"]
+            if step > steps_per_epoch:
+                break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    saved = torch.load(last, weights_only=False)
+    assert steps_per_epoch < saved["global_step"] < 2 * steps_per_epoch, "the kill did not land mid-epoch"
+    assert not (run_dir / "metrics.json").exists()
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+
+    out = run(run_dir)  # the same command, into the same directory
+    assert f"resuming from {last}" in out
+    whole, resumed = _metrics(tmp_path / "whole"), _metrics(run_dir)
+    for key in ("val/loss", "val/acc", "test/acc", "test/loss", "train/loss_step"):
+        assert resumed[key] == pytest.approx(whole[key], abs=1e-5), key
+    assert torch.load(last, weights_only=False)["global_step"] == 2 * steps_per_epoch
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and runs[1].name.endswith(offline.name.rsplit("-", 1)[1])  # the same W&B run id
+    logged = pd.read_csv(run_dir / "csv" / "metrics.csv")
+    assert (logged["epoch"] == 0).any() and (logged["epoch"] == 1).any()  # rows from before the kill are kept

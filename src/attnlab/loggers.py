@@ -23,7 +23,9 @@ def wandb_has_credentials() -> bool:
 def wandb_logger(project: str = "attnlab", offline: bool = False, log_samples: int = 16, resume_id: str | None = None,
                  tags: list[str] | None = None, **kwargs: Any):
     """Lightning's WandbLogger that never prompts: with no API key (or WANDB_MODE=offline) it logs offline
-    under save_dir/wandb, to be uploaded later with `wandb sync`. `resume_id` continues an existing run."""
+    under save_dir/wandb, to be uploaded later with `wandb sync`. `resume_id` continues an existing run.
+    `log_model=True` logs the checkpoints (best, last) as a model artifact at the end of training (`"all"`: at every
+    save), online or offline."""
     from lightning.pytorch.loggers import WandbLogger
 
     if not offline and (os.environ.get("WANDB_MODE") in ("offline", "dryrun") or not wandb_has_credentials()):
@@ -33,6 +35,37 @@ def wandb_logger(project: str = "attnlab", offline: bool = False, log_samples: i
     os.environ.setdefault("WANDB_SILENT", "true")
     if resume_id:
         kwargs |= {"id": resume_id, "resume": "allow"}
-    logger = WandbLogger(project=project, offline=offline, tags=list(tags or []), **kwargs)
+    if offline:  # wandb's own offline mode: Lightning's `offline=True` refuses log_model, but an offline run records
+        kwargs["mode"] = "offline"  # its model artifacts too, and `wandb sync` uploads them with the run
+        os.environ["WANDB_MODE"] = "offline"  # as Lightning's offline=True does (an empty value is refused)
+    logger = WandbLogger(project=project, tags=list(tags or []), **kwargs)
     logger.log_samples = int(log_samples)  # read by the tasks' sample-prediction tables
     return logger
+
+
+def csv_logger(save_dir: str, name: str = "csv", version: str | int | None = "", **kwargs: Any):
+    """Lightning's CSVLogger that continues an existing metrics.csv (a run resumed in its own directory) instead of
+    deleting it. Rows logged between the last checkpoint and the interruption appear twice: the later ones are the
+    resumed run's."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+    from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+    class _AppendingWriter(ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:
+            if self._fs.isfile(self.metrics_file_path):
+                with self._fs.open(self.metrics_file_path, "r", newline="") as fh:
+                    self.metrics_keys = list(next(csv.reader(fh), []))
+
+    class _AppendingCSVLogger(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self):
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = _AppendingWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return _AppendingCSVLogger(save_dir=save_dir, name=name, version=version, **kwargs)

@@ -5,6 +5,8 @@
 - On SIGTERM (a cluster's preemption or `kill`) or Ctrl-C, the current state is saved to `last.ckpt` before exit.
   Other errors (a NaN loss, bad input) save nothing: what was written before them stays the last good state.
 
+- A run resumed mid-epoch uses the interrupted run's last monitored value until its first validation, so
+  `every_n_train_steps` saves keep the best checkpoint an uninterrupted run would keep.
 - On a tie of the monitored metric the newer checkpoint wins: with an annealed schedule the later weights are the
   better ones, and a small validation set ties often (accuracy moves in steps of 1/len(val)).
 
@@ -32,6 +34,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class ModelCheckpoint(_ModelCheckpoint):
+    _trainer = None
+    _resumed_value = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._trainer = trainer
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        metrics = self._trainer.callback_metrics if self._trainer is not None else {}
+        state["monitored_value"] = metrics.get(self.monitor) if self.monitor else None
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._resumed_value = state_dict.get("monitored_value")
+
+    def _monitor_candidates(self, trainer) -> dict:
+        """A run resumed mid-epoch has no validation metrics until its next validation: until then, the monitored
+        value is the one of the interrupted run, so that top-k decisions are those of an uninterrupted run."""
+        candidates = super()._monitor_candidates(trainer)
+        if self.monitor and self.monitor not in candidates and self._resumed_value is not None:
+            candidates[self.monitor] = self._resumed_value
+        return candidates
+
     def check_monitor_top_k(self, trainer, current=None) -> bool:
         if current is None or self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
             return super().check_monitor_top_k(trainer, current)

@@ -28,6 +28,7 @@ class Throughput(L.Callback):
         except Exception:  # FLOP counting is best-effort: an exotic backbone must not stop training
             self._flops = None
         self._peak = device_peak_flops(pl_module.device, trainer.precision) if self._flops else None
+        self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch starts with no epoch start
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0

@@ -54,6 +54,14 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         _reset_distributed(env_before)
 
 
+def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
+    """Run a check of the command line before Hydra composes; a UserError stops like one raised in a run."""
+    try:
+        check(*args)
+    except UserError as e:
+        _fail(e)
+
+
 def _fail(e: BaseException) -> None:
     msg = user_message(e)
     print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)

@@ -171,6 +171,20 @@ def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | Non
     return str(path)
 
 
+def checkpoint_in_run_dir(cfg: DictConfig) -> str | None:
+    """The run directory's own last.ckpt when `resume` is on: the run was interrupted (a crash, a kill, a SLURM
+    preemption) and is started again in the same directory, where it continues at the step and batch it stopped."""
+    ckpt_cfg = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
+    last = Path(ckpt_cfg.get("dirpath") or Path(cfg.paths.output_dir) / "checkpoints") / "last.ckpt"
+    if not last.is_file():
+        return None
+    if not cfg.get("resume", True):
+        log.warning("resume=false: starting over in %s; its checkpoints will be replaced", last.parents[1])
+        return None
+    log.info("resuming from %s: this run directory holds an earlier run of it (resume=false starts over)", last)
+    return str(last)
+
+
 def read_run_metadata(ckpt_path: str) -> dict:
     """The run metadata (resolved config, W&B id) stored in a checkpoint by attnlab."""
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -11,11 +13,19 @@ register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def _main(cfg: DictConfig) -> float | None:
     from attnlab.cli.app import run_app
     from attnlab.cli.training import train
 
     return run_app(train, cfg)
+
+
+def main() -> float | None:
+    from attnlab.cli.app import fail_before_hydra
+    from attnlab.cli.plugins import check_plugins
+
+    fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
+    return _main()
 
 
 if __name__ == "__main__":

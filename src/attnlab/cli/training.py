@@ -19,6 +19,7 @@ def train(cfg: DictConfig) -> float | None:
     check_compatible(cfg)  # before anything heavy
     import lightning as L
 
+    from attnlab.callbacks.resume import ResumeDataPosition
     from attnlab.callbacks.run_metadata import RunMetadata
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
 
@@ -26,6 +27,8 @@ def train(cfg: DictConfig) -> float | None:
     out_dir = Path(cfg.paths.output_dir)
 
     ckpt_path = builders.resolve_checkpoint(cfg.get("ckpt_path"), cfg.paths.log_dir, cfg.task_name)
+    if not ckpt_path and cfg.get("train", True):
+        ckpt_path = builders.checkpoint_in_run_dir(cfg)
     wandb_id = None
     if ckpt_path:
         meta = builders.read_run_metadata(ckpt_path)
@@ -38,7 +41,7 @@ def train(cfg: DictConfig) -> float | None:
     save_resolved_config(cfg, out_dir / "config.yaml")
 
     loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id)
-    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved)]
+    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition()]
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, callbacks, loggers)
     for lg in loggers:

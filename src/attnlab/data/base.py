@@ -6,9 +6,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
-from attnlab.data.samplers import EpochShuffleSampler
+from attnlab.data.samplers import EpochShuffleSampler, ResumableDataLoader
 from attnlab.errors import UserError
 
 
@@ -69,22 +69,24 @@ class BaseDataModule(L.LightningDataModule):
                 f"data.batch_size={bs} is larger than the training split ({len(ds):,} samples). "
                 f"Set data.batch_size to at most {len(ds)} (or use more data)."
             )
-        sampler = None
-        if train:
-            trainer = self.trainer
-            if trainer is not None and trainer.world_size > 1:  # Lightning's wrapper would not pass set_epoch on
-                sampler = DistributedSampler(ds, num_replicas=trainer.world_size, rank=trainer.global_rank,
-                                             shuffle=True, seed=self.seed)
-            else:
-                sampler = EpochShuffleSampler(len(ds), self.seed)
-        return DataLoader(
+        if not train:
+            return DataLoader(ds, batch_size=bs, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                              persistent_workers=self.num_workers > 0)
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        # a DistributedSampler: Lightning leaves it in place under DDP (its own wrapper would not pass set_epoch on)
+        sampler = EpochShuffleSampler(len(ds), self.seed, num_replicas=world, rank=rank)
+        # the loader's own generator: creating an epoch's iterator then draws nothing from the global random state,
+        # which a resumed run restores (see ResumableDataLoader)
+        return ResumableDataLoader(
             ds,
             batch_size=bs,
             sampler=sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
-            drop_last=train and len(ds) > bs,
+            drop_last=len(ds) > bs,
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
+from attnlab.data.samplers import ResumableDataLoader, ResumableSampler
 from attnlab.data.tokenizers import (CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, CharTokenizer, TextTokenizer,
                                      build_tokenizer)
 from attnlab.errors import UserError
@@ -257,19 +258,16 @@ class Windows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-class RandomStarts(Sampler[int]):
+class RandomStarts(ResumableSampler):
     """`num_samples` window starts drawn uniformly with replacement (nanoGPT's get_batch), seeded by (seed,
-    epoch): a resumed run draws what an uninterrupted one would have."""
+    epoch): a resumed run draws what an uninterrupted one would have, from the batch it stopped at."""
 
     def __init__(self, n: int, num_samples: int, seed: int = 0):
         self.n, self.num_samples, self.seed, self.epoch = n, num_samples, seed, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
+    def epoch_indices(self) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randint(self.n, (self.num_samples,), generator=g).tolist())
+        return torch.randint(self.n, (self.num_samples,), generator=g).tolist()
 
     def __len__(self) -> int:
         return self.num_samples
@@ -565,9 +563,10 @@ class TextDataModule(BaseDataModule):
                 raise UserError(f"data.batch_size={bs} is larger than the training split ({len(ds):,} sequences). "
                                 f"Set data.batch_size to at most {len(ds)} (or use more text).")
             sampler = EpochShuffleSampler(len(ds), self.seed)
-        return DataLoader(ds, batch_size=bs, sampler=sampler, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
-                          drop_last=train, collate_fn=self._collate(train))
+        loader = ResumableDataLoader if train else DataLoader  # train: resumes at the batch it stopped at
+        return loader(ds, batch_size=bs, sampler=sampler, num_workers=self.num_workers,
+                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
+                      drop_last=train, collate_fn=self._collate(train))
 
     def train_dataloader(self) -> DataLoader:
         return self._make_loader(self.train_set, True)

@@ -1,0 +1,26 @@
+"""Puts the training DataLoader back at the batch a resumed run stopped at.
+
+Lightning stores the state of a DataLoader with `state_dict`/`load_state_dict` in every checkpoint
+(attnlab.data.samplers.ResumableDataLoader), but loads it back only when it sets up the training data after the
+checkpoint was read, and only for a checkpoint written mid-epoch. A task whose schedule asks for `trainer.estimated_stepping_batches` (OneCycle, cosine, linear)
+makes Lightning set the data up earlier, while configuring the optimizers, and the saved position would be dropped.
+This callback loads it at the start of training instead, and creates the epoch's iterator again from there.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+
+
+class ResumeDataPosition(L.Callback):
+    def on_train_start(self, trainer, pl_module) -> None:
+        loop = trainer.fit_loop
+        states = getattr(loop, "_combined_loader_states_to_load", None)
+        if not states or loop._combined_loader is None:
+            return
+        # also when the checkpoint was written at an epoch's end, where Lightning does not count the run as
+        # restarting: the loader then starts the next epoch, with the random state of the save point
+        loop._combined_loader._load_state_dicts(states)
+        loop._combined_loader_states_to_load = []
+        if loop._data_fetcher is not None:
+            iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start

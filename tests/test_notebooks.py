@@ -1,0 +1,36 @@
+"""The notebooks in notebooks/ run top to bottom (each in well under a minute on a CPU), and are committed
+without outputs."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ROOT, SHARED_DATA
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_the_notebooks_are_there():
+    assert {p.stem for p in NOTEBOOKS} >= {"quickstart", "attention_maps", "generation"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: clear its outputs"
+        assert "execution" not in cell.metadata, f"{path.name}: clear its execution metadata"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_DATA_DIR", str(SHARED_DATA))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the notebooks write their runs and caches
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    assert list(tmp_path.glob("attnlab-notebook-*/**/last.ckpt"))  # it trained, under the temporary folder
+    assert not list(path.parent.glob("*/")), "a notebook wrote into the repository"
