@@ -314,3 +314,27 @@ def test_hub_translation_data_offline_says_so(tmp_path, monkeypatch):
     cfg = compose_cfg(["model=transformer_seq2seq_small", "data=wmt16_ro_en", "debug=fdr", *FAST], tmp_path)
     with pytest.raises(UserError, match="could not load the hub dataset 'wmt16'.*go online"):
         train(cfg)
+
+
+def test_a_resumed_epoch_continues_at_the_batch_it_stopped_at():
+    from attnlab.data.samplers import ResumableDataLoader
+
+    lengths = torch.randint(3, 30, (300,)).numpy()
+    ds = [{"src": torch.ones(n, dtype=torch.long), "tgt": torch.ones(n, dtype=torch.long), "i": i}
+          for i, n in enumerate(lengths)]
+
+    def loader():
+        return ResumableDataLoader(ds, batch_sampler=BucketBatchSampler(lengths, 16, seed=3),
+                                   collate_fn=lambda b: [x["i"] for x in b])
+
+    full = loader()
+    full.batch_sampler.set_epoch(2)
+    order = list(full)
+    first = loader()
+    first.batch_sampler.set_epoch(2)
+    it = iter(first)
+    seen = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert seen + list(resumed) == order and state["epoch"] == 2 and state["batches"] == 5

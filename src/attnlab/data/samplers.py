@@ -90,6 +90,11 @@ class ResumableDataLoader(DataLoader):
     _batches = 0
     _pending: dict[str, Any] | None = None
 
+    @property
+    def _position(self):
+        """What orders the epoch: a batch sampler that can resume by batches itself, else the sampler."""
+        return self.batch_sampler if hasattr(self.batch_sampler, "resume_at") else self.sampler
+
     def __iter__(self):
         return self._counting(super().__iter__())
 
@@ -97,7 +102,7 @@ class ResumableDataLoader(DataLoader):
         pending, self._pending = self._pending, None
         self._batches = 0
         if pending is not None:
-            if pending["epoch"] == getattr(self.sampler, "epoch", 0):
+            if pending["epoch"] == getattr(self._position, "epoch", 0):
                 self._batches = pending["batches"]
             if pending.get("rng") is not None:  # the state at the save point, put back before the next batch loads
                 set_rng_states(pending["rng"])
@@ -106,11 +111,15 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": getattr(self.sampler, "epoch", 0), "batches": self._batches, "rng": rng_states()}
+        return {"epoch": getattr(self._position, "epoch", 0), "batches": self._batches, "rng": rng_states()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         epoch, batches = int(state.get("epoch", 0)), int(state.get("batches", 0))
         self._pending = {"epoch": epoch, "batches": batches, "rng": state.get("rng")}
+        if self._position is self.batch_sampler and batches and batches < len(self):  # skips whole batches itself
+            self.batch_sampler.set_epoch(epoch)
+            self.batch_sampler.resume_at(epoch, batches)
+            return
         if not batches or not self.batch_size or batches >= len(self):  # at an epoch's start or end: nothing to skip
             return
         sampler = self.sampler

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
+from attnlab.data.samplers import ResumableDataLoader
 from attnlab.data.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 
@@ -216,9 +217,14 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.lengths, self.batch_size, self.max_tokens = np.asarray(lengths), int(batch_size), max_tokens
         self.shuffle, self.seed, self.epoch = shuffle, int(seed), 0
         self.num_replicas, self.rank = num_replicas, rank
+        self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        """Skip the first `skip` batches of `epoch` the next time it is iterated (a run resumed mid-epoch)."""
+        self._resume = (int(epoch), int(skip))
 
     def _batches(self) -> list[list[int]]:
         rng = np.random.default_rng(self.seed + self.epoch)
@@ -248,7 +254,11 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __iter__(self):
         batches = self._batches()[self.rank :: self.num_replicas]
-        yield from batches[: len(self)] if self.shuffle else batches
+        batches = batches[: len(self)] if self.shuffle else batches
+        resume, self._resume = self._resume, None
+        if resume is not None and resume[0] == self.epoch:
+            batches = batches[resume[1]:]
+        yield from batches
 
     def __len__(self) -> int:
         n = len(self._batches())
@@ -439,9 +449,10 @@ class TranslationDataModule(BaseDataModule):
         sampler = BucketBatchSampler(ds.lengths(), self.batch_size if train else self.eval_batch_size,
                                      self.max_tokens if train else None, shuffle=train, seed=self.seed,
                                      num_replicas=world, rank=rank)
-        return DataLoader(ds, batch_sampler=sampler, collate_fn=PadCollator(self.meta["pad_id"]),
-                          num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0)
+        loader = ResumableDataLoader if train else DataLoader  # training saves its position in checkpoints
+        return loader(ds, batch_sampler=sampler, collate_fn=PadCollator(self.meta["pad_id"]),
+                      num_workers=self.num_workers, pin_memory=self.pin_memory,
+                      persistent_workers=self.num_workers > 0)
 
 
 def tokenizer_pair(src_json: str, tgt_json: str) -> tuple[TextTokenizer, TextTokenizer]:
