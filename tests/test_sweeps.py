@@ -67,3 +67,25 @@ def test_one_sweep_command_runs(tmp_path, log_env):
 def test_a_parameter_missing_from_the_config_is_refused(log_env):
     out = run_cli("train.py", "optimizer.no_such_option=1", "debug=fdr", env=log_env)
     assert out.returncode != 0 and "Could not override 'optimizer.no_such_option'" in out.stdout
+
+
+SEARCHES = sorted((ROOT / "conf" / "hparams_search").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.stem)
+def test_optuna_search_optimizes_the_task_metric_over_keys_that_exist(path: Path, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from attnlab.config import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(config_name="train", overrides=[f"hparams_search={path.stem}"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    assert cfg.optimized_metric == f"{cfg.model.monitor}_best"
+    assert sweeper.direction == ("maximize" if cfg.model.monitor_mode == "max" else "minimize")
+    for key in sweeper.params:
+        if not key.startswith("+"):  # `+key` adds a key; every other one must already be in the config
+            assert OmegaConf.select(cfg, key, default="__missing__") != "__missing__", f"{path.stem}: {key}"
