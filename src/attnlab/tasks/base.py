@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import lightning as L
@@ -10,7 +12,10 @@ from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MaxMetric, MinMetric
 
+from attnlab.errors import UserError
 from attnlab.optim.param_groups import param_groups
+
+log = logging.getLogger("attnlab")
 
 
 class BaseTask(L.LightningModule):
@@ -18,6 +23,8 @@ class BaseTask(L.LightningModule):
 
     Args:
         optimizer: partial optimizer config (`_target_` + `_partial_: true`); weight decay is applied per group.
+            Two keys are attnlab's, not the optimizer's: `blr` (the lr is blr x effective batch / 256; lr: null)
+            and `layer_decay` (layer-wise lr decay, see attnlab.optim.param_groups).
         scheduler: partial schedule config from `attnlab.optim.schedulers`, or None for a constant lr.
         compile: run the network through `torch.compile` (the network, not this module, so checkpoints stay portable).
         monitor / monitor_mode: the validation metric that defines "best" (`<monitor>_best` is logged).
@@ -68,10 +75,19 @@ class BaseTask(L.LightningModule):
         if self.optimizer_cfg is None:
             raise ValueError("no optimizer configured: pass optimizer=<config> to the task")
         factory = instantiate(self.optimizer_cfg)
-        wd = factory.keywords.get("weight_decay", 0.0) if hasattr(factory, "keywords") else 0.0
+        keywords = dict(getattr(factory, "keywords", None) or {})
+        # attnlab's own optimizer options, popped before the optimizer sees them
+        layer_decay, blr = keywords.pop("layer_decay", None), keywords.pop("blr", None)
+        if blr is not None:
+            keywords["lr"] = self.lr_from_blr(blr, keywords.get("lr"))
+        if hasattr(factory, "keywords"):
+            factory = functools.partial(factory.func, *factory.args, **keywords)
+        wd = keywords.get("weight_decay", 0.0)
         # the wrapped model (DDP/FSDP) when there is one, so sharded parameters are the ones optimized
         model = self.trainer.model if self._trainer is not None and self.trainer.model is not None else self
-        optimizer = factory(param_groups(model, wd))
+        optimizer = factory(param_groups(model, wd, layer_decay=layer_decay))
+        for group in optimizer.param_groups:  # the schedules scale each group's initial lr, so the scales persist
+            group["lr"] = group["lr"] * group.get("lr_scale", 1.0)
         if not self.scheduler_cfg:
             return optimizer
         total = max(1, int(self.trainer.estimated_stepping_batches))
@@ -79,6 +95,26 @@ class BaseTask(L.LightningModule):
         if isinstance(schedule, list):
             return [optimizer], schedule
         return {"optimizer": optimizer, "lr_scheduler": schedule}
+
+    def lr_from_blr(self, blr: float, lr: float | None) -> float:
+        """MAE's linear scaling rule: lr = blr x effective batch size / 256, the effective batch being
+        data.batch_size x gradient accumulation x devices x nodes."""
+        if lr is not None:
+            raise UserError(
+                f"optimizer.lr={lr} and optimizer.blr={blr} are both set. optimizer.blr gives the lr as "
+                "blr x effective batch size / 256: set optimizer.lr=null to use it, or optimizer.blr=null to give "
+                "the lr directly."
+            )
+        trainer = self.trainer
+        batch = getattr(trainer.datamodule, "batch_size", None)
+        if batch is None:
+            raise UserError("optimizer.blr scales the lr by the batch size, but the data module has no batch_size: "
+                            "give optimizer.lr directly (and optimizer.blr=null).")
+        effective = int(batch) * int(trainer.accumulate_grad_batches) * int(trainer.world_size)
+        lr = blr * effective / 256
+        log.info("lr = optimizer.blr %g x effective batch %d (%d x %d accumulated x %d devices) / 256 = %g",
+                 blr, effective, batch, trainer.accumulate_grad_batches, trainer.world_size, lr)
+        return lr
 
     # ---- hooks the platform uses
     def flops_per_sample(self) -> float | None:

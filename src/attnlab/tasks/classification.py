@@ -52,6 +52,10 @@ class ImageClassifier(BaseTask):
     """Cross-entropy classifier over a timm backbone, with timm mixup/cutmix and label smoothing.
 
     Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/acc5`, `val/acc_best`, and the same under `test/`.
+
+    `init_from`: the checkpoint of an MAE pretraining run (model=mae), or a folder of such runs (its newest
+    last.ckpt), whose encoder initializes the ViT backbone when training starts. `freeze_backbone`: train only the
+    classifier head (a linear probe).
     """
 
     def __init__(
@@ -66,6 +70,8 @@ class ImageClassifier(BaseTask):
         label_smoothing: float = 0.0,
         mixup: dict | None = None,
         class_names: list[str] | None = None,
+        init_from: str | None = None,
+        freeze_backbone: bool = False,
         **base: Any,
     ):
         super().__init__(**({"monitor": "val/acc", "monitor_mode": "max"} | base))
@@ -74,6 +80,14 @@ class ImageClassifier(BaseTask):
         if drop_path_rate:
             kwargs["drop_path_rate"] = drop_path_rate
         self.net = create_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
+        if init_from:  # a non-ViT is refused here, before the data; the weights are loaded in setup()
+            from attnlab.tasks.mae import require_vit
+
+            require_vit(self.net, backbone)
+        if freeze_backbone:  # a linear probe: only the classifier head trains
+            head = {id(p) for p in self.net.get_classifier().parameters()}
+            for p in self.net.parameters():
+                p.requires_grad = id(p) in head
         self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes) if mixup else None
         self.mix_loss = SoftTargetCrossEntropy()
         top5 = min(5, num_classes)
@@ -82,6 +96,21 @@ class ImageClassifier(BaseTask):
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+
+    def setup(self, stage: str) -> None:
+        # here rather than in __init__: eval.py and predict.py rebuild the task from its own checkpoint and never
+        # read the MAE checkpoint (a resumed fit loads it, then the restored weights replace it)
+        if stage == "fit" and self.hparams.init_from:
+            from attnlab.tasks.mae import load_mae_encoder
+
+            load_mae_encoder(self.net, self.hparams.init_from, self.hparams.backbone)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.hparams.get("freeze_backbone"):  # frozen features: no dropout, drop-path or batch-norm updates
+            self.net.eval()
+            self.net.get_classifier().train(mode)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_net(x)  # (B, num_classes)

@@ -39,3 +39,31 @@ def log_table(trainer, key: str, columns: list[str], rows: list[list[Any]], imag
     if images:
         payload[f"{key}_images"] = images
     lg.experiment.log(payload)
+
+
+def log_image(trainer, key: str, image: Any, caption: str | None = None) -> None:
+    """One image (uint8 (H, W[, C]) array) under `key` in W&B; a no-op without a WandbLogger."""
+    lg = wandb_logger(trainer)
+    if lg is None:
+        return
+    import wandb
+
+    lg.experiment.log({key: wandb.Image(image, caption=caption), "trainer/global_step": trainer.global_step})
+
+
+def panel_grid(rows: list[list[Any]], height: int = 96, pad: int = 2) -> Any:
+    """Rows of uint8 RGB panels (H, W, 3), each scaled (nearest) to `height` px, on a white background with `pad` px
+    between panels: -> one uint8 (rows * (height + pad) + pad, ..., 3) array."""
+    import numpy as np
+    from PIL import Image
+
+    scaled = [[np.asarray(Image.fromarray(p).resize((max(1, round(p.shape[1] * height / p.shape[0])), height),
+                                                    Image.NEAREST)) for p in row] for row in rows]
+    width = max(sum(p.shape[1] + pad for p in row) + pad for row in scaled)
+    grid = np.full((len(scaled) * (height + pad) + pad, width, 3), 255, dtype=np.uint8)
+    for i, row in enumerate(scaled):
+        x, y = pad, pad + i * (height + pad)
+        for p in row:
+            grid[y:y + height, x:x + p.shape[1]] = p
+            x += p.shape[1] + pad
+    return grid
