@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torchmetrics import MaxMetric, MinMetric
+from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from attnlab.errors import UserError
 from attnlab.optim.param_groups import param_groups
@@ -49,6 +49,8 @@ class BaseTask(L.LightningModule):
         self.best = MaxMetric() if monitor_mode == "max" else MinMetric()
         self.best.persistent(True)  # a resumed run keeps its best-so-far
         self._compiled: list = []
+        self.train_loss_mean = MeanMetric()
+        self.train_loss_mean.persistent(True)  # a run resumed mid-epoch keeps the epoch's running mean
 
     # ---- forward through the (optionally compiled) network
     def configure_model(self) -> None:
@@ -58,6 +60,23 @@ class BaseTask(L.LightningModule):
     def run_net(self, *args, **kwargs):
         fn = self._compiled[0] if self._compiled else self.net
         return fn(*args, **kwargs)
+
+    # ---- the training loss
+    def log_train_loss(self, loss: torch.Tensor, batch_size: int, epoch_mean: bool = False) -> None:
+        """`train/loss` (or `train/loss_step`, with `train/loss_epoch` the epoch's mean when epoch_mean), logged only on
+        the steps the loggers write (every trainer.log_every_n_steps): each self.log call costs Lightning about a
+        millisecond of bookkeeping, which shows next to a small model's step."""
+        if epoch_mean:
+            self.train_loss_mean.update(loss.detach(), batch_size)
+        trainer = self.trainer
+        if trainer._logger_connector.should_update_logs or trainer.fast_dev_run:
+            self.log("train/loss_step" if epoch_mean else "train/loss", loss, on_step=True, on_epoch=False,
+                     prog_bar=True, batch_size=batch_size)
+
+    def on_train_epoch_end(self) -> None:
+        if self.train_loss_mean.update_count:
+            self.log("train/loss_epoch", self.train_loss_mean.compute())  # computed over all processes
+        self.train_loss_mean.reset()
 
     # ---- best-so-far tracking of the monitored metric
     def on_train_start(self) -> None:

@@ -125,11 +125,11 @@ class ImageClassifier(BaseTask):
             logits = self(x)
             loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         self.train_acc.update(logits.detach(), y)
-        # one self.log per step: each call costs Lightning about a millisecond of bookkeeping
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss
 
     def on_train_epoch_end(self):
+        super().on_train_epoch_end()
         self.log("train/acc", self.train_acc.compute(), sync_dist=True)
         self.train_acc.reset()
 

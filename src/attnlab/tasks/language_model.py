@@ -128,7 +128,7 @@ class CausalLM(_LanguageModel):
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log_train_loss(loss, batch[0].shape[0])
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -234,7 +234,7 @@ class MaskedLM(_LanguageModel):
 
     def training_step(self, batch, batch_idx):
         loss, _, _, _ = self._step(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log_train_loss(loss, batch["input_ids"].shape[0])
         return loss
 
     def validation_step(self, batch, batch_idx):

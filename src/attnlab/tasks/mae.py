@@ -72,7 +72,7 @@ class MAEPretrainer(BaseTask):
     def training_step(self, batch, batch_idx):
         x = batch[0]  # (B, C, H, W); labels ignored
         loss, _, _ = self(x)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss
 
     def fixed_noise(self, n: int, batch_idx: int) -> torch.Tensor:

@@ -220,7 +220,7 @@ class Segmenter(BaseTask):
                                 "Set data.batch_size to 2 or more.") from e
             raise
         loss = self.loss(logits, y)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss
 
     def _eval_step(self, batch, cm: MulticlassConfusionMatrix, stage: str) -> torch.Tensor:

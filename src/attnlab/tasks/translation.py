@@ -100,7 +100,7 @@ class Translator(BaseTask):
 
     def training_step(self, batch, batch_idx):
         loss, _ = self._loss(batch, self.hparams.label_smoothing)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch["src"].shape[0])
+        self.log_train_loss(loss, batch["src"].shape[0])
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
