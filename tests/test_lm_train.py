@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from attnlab.cli.training import train
 from attnlab.errors import UserError
 from attnlab.tasks.language_model import MaskedLM
-from conftest import FAST, compose_cfg, run_cli
+from conftest import FAST, compose_cfg, run_cli, shared
 
 SMALL = ["model.num_samples=1", *FAST]
 GPT = ["model.sample_tokens=20"]
@@ -39,6 +39,19 @@ def test_gpt2_owt_needs_the_hub_and_says_so(tmp_path, monkeypatch):
     # offline, GPT-2's tokenizer (the first thing the data needs from the hub) cannot be fetched
     with pytest.raises(UserError, match="could not load the pretrained tokenizer 'gpt2'.*go online once"):
         train(cfg)
+
+
+def test_gpt2_owt_recipe_runs_a_fast_dev_run_on_cpu_with_local_text(tmp_path):
+    """The recipe's optimizer, schedule, accumulation and clipping, with a tiny model on local text and the CPU."""
+    cfg = compose_cfg(["experiment=gpt2_owt", "debug=fdr", "trainer.accelerator=cpu", "trainer.precision=32-true",
+                       "model.compile=false", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+                       "data.block_size=32", "data.batch_size=2", "data.num_workers=0", "data.hub=null",
+                       f"data.files=[{shared('tinyshakespeare')}/input.txt]", "data.tokenizer=bpe",
+                       "data.tokenizer_vocab_size=300", *GPT, *SMALL], tmp_path)
+    assert cfg.trainer.accumulate_grad_batches == 40 and cfg.optimizer.betas == [0.9, 0.95]
+    train(cfg)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["val/loss"] > 0 and metrics["test/ppl"] > 1
 
 
 def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
