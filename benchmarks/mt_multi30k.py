@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,7 @@ def unique_params(ckpt: Path) -> int:
 
 def run(experiment: str, args, out_dir: Path) -> dict:
     run_dir = (args.runs or out_dir) / experiment
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: train.py would resume one found there
     cmd = [sys.executable, str(ROOT / "train.py"), f"experiment={experiment}", f"hydra.run.dir={run_dir}",
            f"trainer.max_epochs={args.epochs}", "extras.print_config=false", "callbacks.progress_bar=null",
            *args.overrides]

@@ -169,6 +169,10 @@ def test_layer_decay_scales_earlier_blocks_less_and_schedules_keep_the_scales():
     assert scale["blocks.2.attn.qkv.weight"] == 0.75
     assert scale["blocks.0.attn.qkv.weight"] == pytest.approx(0.75**3)
     assert scale["patch_embed.proj.weight"] == scale["pos_embed"] == pytest.approx(0.75**4)
+    token_pooled = vit(depth=3)  # timm numbers its final norm with the last block; it goes with the head
+    tp_names = {id(p): n for n, p in token_pooled.named_parameters()}
+    tp = {tp_names[id(p)]: g["lr_scale"] for g in param_groups(token_pooled, 0.05, layer_decay=0.75) for p in g["params"]}
+    assert tp["norm.weight"] == tp["head.weight"] == 1.0 and tp["blocks.2.attn.qkv.weight"] == 0.75
     decay = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
     assert "blocks.0.attn.qkv.weight" in decay and "blocks.0.attn.qkv.bias" not in decay and "pos_embed" not in decay
 

@@ -147,3 +147,13 @@ def test_gpu_requests_the_machine_cannot_serve_say_what_to_use(tmp_path, monkeyp
     cfg = compose_cfg(["trainer=ddp", "trainer.devices=8", "trainer.max_epochs=1", *FAST], tmp_path)
     with pytest.raises(UserError, match="trainer.devices=8 but this machine has 2 GPU"):
         train(cfg)
+
+
+def test_a_checkpoint_without_the_running_loss_mean_still_loads():
+    """Checkpoints written before tasks saved their running training-loss mean load with its initial state."""
+    from attnlab.tasks.classification import ImageClassifier
+
+    task = ImageClassifier(num_classes=10, img_size=8, in_chans=1)
+    old = {k: v for k, v in task.state_dict().items() if not k.startswith("train_loss_mean.")}
+    assert len(old) < len(task.state_dict())
+    task.load_state_dict(old, strict=True)

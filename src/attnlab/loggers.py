@@ -43,10 +43,11 @@ def wandb_logger(project: str = "attnlab", offline: bool = False, log_samples: i
     return logger
 
 
-def csv_logger(save_dir: str, name: str = "csv", version: str | int | None = "", **kwargs: Any):
-    """Lightning's CSVLogger that continues an existing metrics.csv (a run resumed in its own directory) instead of
-    deleting it. Rows logged between the last checkpoint and the interruption appear twice: the later ones are the
-    resumed run's."""
+def csv_logger(save_dir: str, name: str = "csv", version: str | int | None = "", append: bool = False,
+               **kwargs: Any):
+    """Lightning's CSVLogger; with `append` (train.py sets it when the run resumes from a checkpoint) it continues an
+    existing metrics.csv instead of replacing it. Rows logged between the last checkpoint and the interruption then
+    appear twice: the later ones are the resumed run's."""
     import csv
 
     from lightning.pytorch.loggers import CSVLogger
@@ -68,4 +69,6 @@ def csv_logger(save_dir: str, name: str = "csv", version: str | int | None = "",
                 self._experiment = _AppendingWriter(log_dir=self.log_dir)
             return self._experiment
 
+    if not append:
+        return CSVLogger(save_dir=save_dir, name=name, version=version, **kwargs)
     return _AppendingCSVLogger(save_dir=save_dir, name=name, version=version, **kwargs)

@@ -62,12 +62,15 @@ def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:
     return callbacks
 
 
-def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None) -> list:
+def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None, resuming: bool = False) -> list:
+    """The loggers of cfg.logger; a resumed run continues its W&B run and appends to its metrics.csv."""
     loggers = []
     for lg in (cfg.get("logger") or {}).values():
         if lg is None or "_target_" not in lg:
             continue
         extra = {"resume_id": wandb_resume_id} if lg._target_.endswith("wandb_logger") and wandb_resume_id else {}
+        if lg._target_.endswith("csv_logger"):
+            extra["append"] = resuming
         loggers.append(instantiate(lg, **extra))
     return loggers
 

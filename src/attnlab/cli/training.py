@@ -40,7 +40,7 @@ def train(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     save_resolved_config(cfg, out_dir / "config.yaml")
 
-    loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id)
+    loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id, resuming=bool(ckpt_path))
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition()]
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, callbacks, loggers)

@@ -150,7 +150,8 @@ def hub_source(name: str, hub: dict, split: str, text_column: str, cache_dir: Pa
     return Source(name, key, docs, records=True)
 
 
-def load_hub_split(hub: dict, split: str, cache_dir: Path):
+def load_hub_split(hub: dict, split: str, cache_dir: Path,
+                   local: str = "train on local files with data=text data.files=[...]"):
     import datasets
 
     try:
@@ -161,7 +162,7 @@ def load_hub_split(hub: dict, split: str, cache_dir: Path):
             f"could not load the hub dataset '{hub['path']}' (split '{split}'): {type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}. Hub datasets need network access the first time "
             f"(they are then cached in {Path(cache_dir) / 'hf_datasets'}); check data.hub.path / data.hub.name / "
-            "the split names, go online, or train on local files with data=text data.files=[...]."
+            f"the split names, go online, or {local}."
         ) from None
 
 
@@ -562,7 +563,8 @@ class TextDataModule(BaseDataModule):
             if bs > len(ds):
                 raise UserError(f"data.batch_size={bs} is larger than the training split ({len(ds):,} sequences). "
                                 f"Set data.batch_size to at most {len(ds)} (or use more text).")
-            sampler = EpochShuffleSampler(len(ds), self.seed)
+            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            sampler = EpochShuffleSampler(len(ds), self.seed, num_replicas=world, rank=rank)
         loader = ResumableDataLoader if train else DataLoader  # train: resumes at the batch it stopped at
         return loader(ds, batch_size=bs, sampler=sampler, num_workers=self.num_workers,
                       pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,

@@ -118,7 +118,8 @@ def hub_pairs(hub: dict, split: str, src_lang: str, tgt_lang: str, cache_dir: Pa
     """Pairs of a hub dataset whose records hold {"translation": {lang: text, ...}} (WMT, IWSLT)."""
     from attnlab.data.text import load_hub_split
 
-    ds = load_hub_split(hub, split, cache_dir)
+    ds = load_hub_split(hub, split, cache_dir, local="translate local files with data=parallel "
+                        "data.train=[train.src,train.tgt] data.val=[val.src,val.tgt]")
     src, tgt = [], []
     for record in ds:
         pair = record.get("translation") or record
@@ -218,6 +219,11 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.shuffle, self.seed, self.epoch = shuffle, int(seed), 0
         self.num_replicas, self.rank = num_replicas, rank
         self._resume: tuple[int, int] | None = None
+        self._plan: tuple[int, list[list[int]]] | None = None
+        # training: the same number of steps every epoch (a token budget cuts a varying number of batches; the
+        # epoch-0 count, as Lightning reads it once, minus a margin of 1%)
+        n = len(self._batches())
+        self._steps = (n - (n // 100 if max_tokens else 0)) // num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -227,6 +233,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._resume = (int(epoch), int(skip))
 
     def _batches(self) -> list[list[int]]:
+        """The epoch's batches (all ranks), computed once per epoch."""
+        if self._plan is not None and self._plan[0] == self.epoch:
+            return self._plan[1]
         rng = np.random.default_rng(self.seed + self.epoch)
         order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
         pool = len(order) if not self.shuffle else self.batch_size * 100
@@ -237,6 +246,10 @@ class BucketBatchSampler(Sampler[list[int]]):
             batches.extend(self._cut(chunk))
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
+        elif len(batches) < self.num_replicas <= len(order):  # every rank must evaluate something (DDP)
+            size = -(-len(order) // self.num_replicas)
+            batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
+        self._plan = (self.epoch, batches)
         return batches
 
     def _cut(self, idx: np.ndarray) -> list[list[int]]:
@@ -254,17 +267,16 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __iter__(self):
         batches = self._batches()[self.rank :: self.num_replicas]
-        batches = batches[: len(self)] if self.shuffle else batches
+        batches = batches[: self._steps] if self.shuffle else batches
         resume, self._resume = self._resume, None
         if resume is not None and resume[0] == self.epoch:
             batches = batches[resume[1]:]
         yield from batches
 
     def __len__(self) -> int:
-        n = len(self._batches())
         if not self.shuffle:  # evaluation: every batch once, on some rank
-            return len(range(self.rank, n, self.num_replicas))
-        return n // self.num_replicas  # training: the same number of steps on every rank
+            return len(range(self.rank, len(self._batches()), self.num_replicas))
+        return self._steps
 
 
 # ---- the DataModule

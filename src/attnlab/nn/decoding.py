@@ -21,16 +21,16 @@ def greedy(model, src: torch.Tensor, bos: int, eos: int, max_len: int,
         logits, attn = model.step(ys[:, -1:], state, return_attn)        # (B, V), (B, S)
         nxt = logits.argmax(-1).masked_fill(done, eos)                   # (B,)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
-        if return_attn:
+        if return_attn and attn is not None:
             attns.append(attn)
         done |= nxt == eos
         if done.all():
             break
-    out, maps = [], [] if return_attn else None
+    out, maps = [], [] if return_attn and attns else None  # None: the model has no attention to show
     for i, row in enumerate(ys[:, 1:].tolist()):
         n = row.index(eos) if eos in row else len(row)
         out.append(row[:n])
-        if return_attn:
+        if maps is not None:
             maps.append(torch.stack([a[i] for a in attns[: n + 1]]).cpu())  # the EOS step included
     return out, maps
 

@@ -28,15 +28,19 @@ def no_weight_decay_names(model: nn.Module) -> set[str]:
 
 def layer_ids(model: nn.Module) -> tuple[dict[str, int], int]:
     """-> ({full parameter name: layer id}, number of layers) from the first submodule with timm's group_matcher();
-    parameters it does not name (the head) get the last layer."""
+    parameters it does not name (the final norm and the head) get the last layer."""
     from timm.models import group_parameters
 
     for prefix, module in model.named_modules():
         matcher = getattr(module, "group_matcher", None)
         if callable(matcher):
             ids = group_parameters(module, matcher(coarse=False), reverse=True)
+            # timm numbers a token-pooled ViT's final norm with the last block: it trains with the head at the full
+            # lr instead, as in BEiT's and MAE's recipes
+            top = max(ids.values())
+            ids = {n: top if n.startswith(("norm.", "fc_norm.")) else i for n, i in ids.items()}
             pre = f"{prefix}." if prefix else ""
-            return {pre + n: i for n, i in ids.items()}, max(ids.values()) + 1
+            return {pre + n: i for n, i in ids.items()}, top + 1
     raise UserError(
         "optimizer.layer_decay needs a network whose layers can be numbered from the input up: a timm model with "
         "group_matcher(), such as a ViT (model=vit with a timm vit_* backbone). This model has none: remove "

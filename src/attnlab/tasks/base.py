@@ -18,6 +18,12 @@ from attnlab.optim.param_groups import param_groups
 log = logging.getLogger("attnlab")
 
 
+def _initial_loss_mean(task, state_dict, prefix, *args) -> None:
+    """A checkpoint written before the running training-loss mean was saved loads with the mean's initial state."""
+    for name, default in task.train_loss_mean._defaults.items():
+        state_dict.setdefault(f"{prefix}train_loss_mean.{name}", default.clone())
+
+
 class BaseTask(L.LightningModule):
     """Subclasses build `self.net` in `__init__`, call `self.save_hyperparameters()`, and log their metrics.
 
@@ -49,8 +55,9 @@ class BaseTask(L.LightningModule):
         self.best = MaxMetric() if monitor_mode == "max" else MinMetric()
         self.best.persistent(True)  # a resumed run keeps its best-so-far
         self._compiled: list = []
-        self.train_loss_mean = MeanMetric()
+        self.train_loss_mean = MeanMetric(nan_strategy="disable")  # no NaN check: it would sync every step
         self.train_loss_mean.persistent(True)  # a run resumed mid-epoch keeps the epoch's running mean
+        self.register_load_state_dict_pre_hook(_initial_loss_mean)
 
     # ---- forward through the (optionally compiled) network
     def configure_model(self) -> None:
@@ -99,6 +106,9 @@ class BaseTask(L.LightningModule):
         layer_decay, blr = keywords.pop("layer_decay", None), keywords.pop("blr", None)
         if blr is not None:
             keywords["lr"] = self.lr_from_blr(blr, keywords.get("lr"))
+        elif "lr" in keywords and keywords["lr"] is None:
+            raise UserError("optimizer.lr is null: give the learning rate (optimizer.lr=1e-3), or a base rate scaled "
+                            "by the batch size (optimizer.blr=1.5e-4, lr = blr x effective batch / 256).")
         if hasattr(factory, "keywords"):
             factory = functools.partial(factory.func, *factory.args, **keywords)
         wd = keywords.get("weight_decay", 0.0)

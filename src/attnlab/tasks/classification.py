@@ -97,10 +97,13 @@ class ImageClassifier(BaseTask):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
 
-    def setup(self, stage: str) -> None:
-        # here rather than in __init__: eval.py and predict.py rebuild the task from its own checkpoint and never
-        # read the MAE checkpoint (a resumed fit loads it, then the restored weights replace it)
-        if stage == "fit" and self.hparams.init_from:
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._resumed = True  # the run's own weights: init_from is not read again
+
+    def on_fit_start(self) -> None:
+        # here rather than in __init__: eval.py and predict.py rebuild the task from its own checkpoint, and a resumed
+        # fit continues from its own weights; neither reads the MAE checkpoint
+        if self.hparams.init_from and not getattr(self, "_resumed", False):
             from attnlab.tasks.mae import load_mae_encoder
 
             load_mae_encoder(self.net, self.hparams.init_from, self.hparams.backbone)

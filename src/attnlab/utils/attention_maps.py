@@ -63,9 +63,10 @@ def rollout(maps: list[torch.Tensor], head_fusion: str = "mean") -> torch.Tensor
 
 def patch_relevance(relevance: torch.Tensor, net: nn.Module) -> torch.Tensor:
     """(B, h, w) relevance of each image patch for the prediction: the class token's row of the rollout, or, for a
-    network that average-pools its tokens (no class token), the mean of all rows. Normalized to sum to 1."""
+    network that average-pools its tokens (global_pool=avg), the mean of the patch rows. Normalized to sum to 1."""
     prefix = int(getattr(net, "num_prefix_tokens", 0))
-    rows = relevance[:, 0, prefix:] if getattr(net, "cls_token", None) is not None else relevance[:, prefix:, prefix:].mean(1)
+    pooled_by_token = getattr(net, "cls_token", None) is not None and getattr(net, "global_pool", "token") == "token"
+    rows = relevance[:, 0, prefix:] if pooled_by_token else relevance[:, prefix:, prefix:].mean(1)
     h, w = net.patch_embed.grid_size
     grid = rows.reshape(-1, h, w)
     return grid / grid.sum((-2, -1), keepdim=True)
