@@ -119,6 +119,11 @@ def test_optuna_sweep_optimizes_the_returned_metric(tmp_path, log_env):
     (result,) = (tmp_path / "logs").rglob("optimization_results.yaml")
     best = yaml.safe_load(result.read_text())
     assert 0.0 <= best["best_value"] <= 1.0 and "optimizer.lr" in best["best_params"]
+    import pandas as pd
+
+    table = pd.read_csv(result.parent / "results.csv")  # one row per trial: its parameters and its metric
+    assert list(table["job"]) == [0, 1] and table["overrides"].str.contains("optimizer.lr=").all()
+    assert (table["metric"] == "val/acc_best").all() and table["value"].max() == pytest.approx(best["best_value"])
 
 
 def wandb_records(offline_run: Path):

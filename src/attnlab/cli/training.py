@@ -80,3 +80,28 @@ def _report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path) 
     if "test/acc" in metrics:
         summary += f"\nTest accuracy: {100 * metrics['test/acc']:.2f}%"
     log.info(summary)
+    _append_sweep_row(cfg, metrics, out_dir)
+
+
+def _append_sweep_row(cfg: DictConfig, metrics: dict[str, float], out_dir: Path) -> None:
+    """In a multirun (a grid or an Optuna sweep), one row per job in <sweep dir>/results.csv: the job number, its
+    overrides, the optimized metric and the run's main results."""
+    import csv
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    hc = HydraConfig.get()
+    target = cfg.get("optimized_metric") or ""
+    row = {"job": hc.job.num, "overrides": " ".join(hc.overrides.task), "metric": target,
+           "value": metrics.get(target, float("nan")), "run_dir": str(out_dir)}
+    row |= {k: v for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")) and not k.endswith("_step")}
+    path = Path(hc.sweep.dir) / "results.csv"
+    new = not path.exists()
+    with open(path, "a", newline="") as fh:  # jobs of one sweep run one after another, or append whole lines
+        writer = csv.DictWriter(fh, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
