@@ -81,7 +81,7 @@ def beam_search(model, src: torch.Tensor, bos: int, eos: int, max_len: int, beam
         keep_beam, keep_tok = beam.gather(1, order), tok.gather(1, order)  # (B, K) each
         scores = top.gather(1, order)
         flat = (rows[:, None] * K + keep_beam).view(-1)                   # (B*K,)
-        model.reorder(state, flat)
+        model.reorder(state, flat, beams_only=True)  # each sentence's beams stay among its own rows
         tokens = torch.cat([tokens.index_select(0, flat), keep_tok.view(-1, 1)], dim=1)
     best = fin_scores.argmax(1)                                           # (B,)
     out = []

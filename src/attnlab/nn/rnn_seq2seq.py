@@ -154,7 +154,9 @@ class RNNSeq2Seq(nn.Module):
         return torch.stack(outputs, dim=1)                                   # (B, T, V)
 
     @staticmethod
-    def reorder(state: dict, index: torch.Tensor) -> None:
+    def reorder(state: dict, index: torch.Tensor, beams_only: bool = False) -> None:
+        """Rows of the state by `index`; beams_only (a permutation within each sentence's beams) leaves what depends
+        on the source alone (encoder outputs, keys, mask, context) as it is."""
         for key, value in state.items():
-            if value is not None:
+            if value is not None and (not beams_only or key in ("h", "c", "feed")):
                 state[key] = value.index_select(1 if key in ("h", "c") else 0, index)

@@ -4,7 +4,7 @@ Interface shared with the RNN seq2seq models (what the task and `nn/decoding.py`
     forward(src, tgt_in) -> logits (B, T, V)                       teacher-forced training
     start(src) -> state                                            encode once
     step(tokens (N, 1), state, return_attn) -> (logits (N, V), attention (N, S) or None)
-    reorder(state, index)                                          beams: keep/duplicate batch rows
+    reorder(state, index, beams_only)                              beams: keep/duplicate batch rows
 """
 
 from __future__ import annotations
@@ -143,9 +143,13 @@ class TransformerSeq2Seq(nn.Module):
         return logits[:, -1], attn
 
     @staticmethod
-    def reorder(state: dict, index: torch.Tensor) -> None:
-        state["memory"] = state["memory"].index_select(0, index)
-        state["src_mask"] = state["src_mask"].index_select(0, index)
-        for cache in (*state["caches"], *state["cross"]):
+    def reorder(state: dict, index: torch.Tensor, beams_only: bool = False) -> None:
+        """Rows of the state by `index`. beams_only: the index only permutes the beams of each sentence, so what
+        depends on the source alone (memory, mask, cross-attention keys/values) stays as it is."""
+        per_source = () if beams_only else (*state["cross"],)
+        if not beams_only:
+            state["memory"] = state["memory"].index_select(0, index)
+            state["src_mask"] = state["src_mask"].index_select(0, index)
+        for cache in (*state["caches"], *per_source):
             if cache.k is not None:
                 cache.k, cache.v = cache.k.index_select(0, index), cache.v.index_select(0, index)
