@@ -13,7 +13,6 @@ import argparse
 import csv
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,16 +29,15 @@ def run_ours(steps: int, out: Path) -> dict:
            f"trainer.val_check_interval={min(EVAL_EVERY, steps)}", "logger=csv", "test=false", "callbacks.progress_bar=null", "extras.print_config=false",
            f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code, output, rss = run_measured(cmd, out.parent / "ours.log")
     wall = time.perf_counter() - start
-    if proc.returncode:
-        sys.exit(proc.stdout[-3000:])
+    if code:
+        sys.exit(output[-3000:])
     rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
     tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
     tps = tps[len(tps) // 10:] or tps  # leave out the first windows (warm-up)
     val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
-    return {"tokens_per_s": statistics.median(tps), "val_loss": val[-1], "wall_s": wall,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6}
+    return {"tokens_per_s": statistics.median(tps), "val_loss": val[-1], "wall_s": wall, "peak_rss_gb": rss}
 
 
 def bare(steps: int, cache: str) -> None:
@@ -93,14 +91,22 @@ def bare(steps: int, cache: str) -> None:
 
 def run_bare(steps: int, cache: Path) -> dict:
     start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.run([sys.executable, __file__, "--bare", "--steps", str(steps), "--cache", str(cache)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode:
-        sys.exit(proc.stdout[-3000:])
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return result | {"wall_s": time.perf_counter() - start, "peak_rss_gb": max(rss, before) / 1e6}
+    code, output, rss = run_measured([sys.executable, __file__, "--bare", "--steps", str(steps), "--cache", str(cache)],
+                                     cache.parent / "bare.log")
+    if code:
+        sys.exit(output[-3000:])
+    result = json.loads(output.strip().splitlines()[-1])
+    return result | {"wall_s": time.perf_counter() - start, "peak_rss_gb": rss}
+
+
+def run_measured(cmd: list[str], log: Path) -> tuple[int, str, float]:
+    """Run cmd (output to `log`); -> (exit code, output, the process's own peak RSS in GB)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, log.read_text(), usage.ru_maxrss / 1e6
 
 
 def main() -> None:
@@ -113,7 +119,7 @@ def main() -> None:
     if args.bare:
         return bare(args.steps, args.cache)
     work = Path(tempfile.mkdtemp(prefix="attnlab_bench_"))
-    bare_r = run_bare(args.steps, work / "cache")   # first, so its peak RSS is not the max of both
+    bare_r = run_bare(args.steps, work / "cache")   # first: it also tokenizes the corpus into the shared cache
     ours = run_ours(args.steps, work / "run")
     ours["ms_per_iter"] = 1000 * BLOCK * BATCH / ours["tokens_per_s"]
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, steps: {args.steps}")
