@@ -205,7 +205,11 @@ def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | N
     ends: list[int] = []
     written = 0
     log.info("tokenizing the %s split into %s", source.name, bin_path)
-    with open(tmp, "wb") as f:
+    from tqdm.auto import tqdm
+
+    # a progress bar on a terminal (documents, tokens); HF tokenizers' encode_batch already uses every core
+    bar = tqdm(desc=f"tokenizing {source.name}", unit=" docs", disable=None, leave=False)
+    with open(tmp, "wb") as f, bar:
         for chunk in _chunks(source.docs(), 8192):
             if source.records and eot is None:  # records joined by newlines when there is no end-of-text token
                 chunk = [d if d.endswith("\n") else d + "\n" for d in chunk]
@@ -221,6 +225,8 @@ def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | N
             f.write(ids.astype(dtype).tobytes())
             ends.extend((written + np.cumsum(lengths)).tolist())
             written += len(ids)
+            bar.update(len(chunk))
+            bar.set_postfix_str(f"{written:,} tokens", refresh=False)
     if written == 0:
         tmp.unlink()
         raise UserError(f"the {source.name} split holds no text (0 tokens after tokenization): check its files "
