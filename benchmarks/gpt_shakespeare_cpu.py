@@ -4,6 +4,10 @@ PyTorch loop of the same model on the same batches (same data module, seed, opti
     OMP_NUM_THREADS=1 python benchmarks/gpt_shakespeare_cpu.py [--steps 2000]
 
 Prints ms/iteration, tokens/s, peak RSS and final val loss of each, and the throughput ratio ours / bare.
+A third row, "torch only", is nanoGPT's train.py structure (char ids in a numpy array, random windows, no Lightning
+import) with the same model: it separates what the training costs in memory from what importing Lightning costs.
+Peak RSS is the process's own (os.wait4), as /usr/bin/time reports it; "before exit" is the peak before the
+interpreter shuts down (CPython's teardown with torch loaded pages in about 0.1 GB of torch's library code).
 Reference (nanoGPT, 2 cores): val loss 1.8857 at 2000 iterations, 65 ms/iteration, peak RSS 0.86 GB.
 """
 
@@ -28,6 +32,7 @@ def run_ours(steps: int, out: Path) -> dict:
     cmd = [sys.executable, str(ROOT / "train.py"), "experiment=gpt_shakespeare_char_cpu", f"trainer.max_steps={steps}",
            f"trainer.val_check_interval={min(EVAL_EVERY, steps)}", "logger=csv", "test=false", "callbacks.progress_bar=null", "extras.print_config=false",
            f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
+    cmd[1:2] = ["-c", _REPORT_AT_EXIT + "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')", cmd[1]]
     start = time.perf_counter()
     code, output, rss = run_measured(cmd, out.parent / "ours.log")
     wall = time.perf_counter() - start
@@ -37,43 +42,65 @@ def run_ours(steps: int, out: Path) -> dict:
     tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
     tps = tps[len(tps) // 10:] or tps  # leave out the first windows (warm-up)
     val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
-    return {"tokens_per_s": statistics.median(tps), "val_loss": val[-1], "wall_s": wall, "peak_rss_gb": rss}
+    return {"tokens_per_s": statistics.median(tps), "val_loss": val[-1], "wall_s": wall, "peak_rss_gb": rss,
+            "before_exit_gb": before_exit(output)}
 
 
 def bare(steps: int, cache: str) -> None:
     """The same model, data and optimization in a plain loop (runs in its own process; prints JSON)."""
+    from attnlab.data.text import TextDataModule
+
+    dm = TextDataModule(name="tinyshakespeare", files=[os.environ["ATTNLAB_DATA_DIR"] + "/tinyshakespeare/input.txt"],
+                        block_size=BLOCK, batch_size=BATCH, seed=1337, cache_dir=cache)
+    dm.prepare_data()
+    dm.setup("fit")
+
+    def train_batches():
+        while True:
+            yield from dm.train_dataloader()
+
+    train_loop(steps, dm.meta["vocab_size"], train_batches(), lambda: dm.val_dataloader())
+
+
+def torch_only(steps: int) -> None:
+    """nanoGPT's loop: the corpus as char ids in memory, random windows per batch, nothing but torch and numpy."""
+    import numpy as np
     import torch
 
-    from attnlab.data.text import TextDataModule
+    text = open(os.environ["ATTNLAB_DATA_DIR"] + "/tinyshakespeare/input.txt", encoding="utf-8").read()
+    chars = sorted(set(text))
+    lut = np.zeros(max(map(ord, chars)) + 1, dtype=np.uint16)
+    lut[[ord(c) for c in chars]] = np.arange(len(chars))
+    ids = lut[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
+    n = int(0.9 * len(ids))
+
+    def batches(data: np.ndarray):
+        while True:
+            ix = torch.randint(len(data) - BLOCK, (BATCH,)).tolist()
+            x = torch.stack([torch.from_numpy(data[i:i + BLOCK].astype(np.int64)) for i in ix])
+            y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + BLOCK].astype(np.int64)) for i in ix])
+            yield x, y
+
+    train_loop(steps, len(chars), batches(ids[:n]), lambda: batches(ids[n:]))
+
+
+def train_loop(steps: int, vocab_size: int, train_batches, val_batches) -> None:
+    """Train the recipe's model on `train_batches` (an endless iterator of (x, y)), validating on EVAL_BATCHES of
+    `val_batches()` every EVAL_EVERY steps; prints ms/iteration, tokens/s and the last val loss as JSON."""
+    import torch
+
     from attnlab.nn.gpt import GPT, GPTConfig
     from attnlab.optim.param_groups import param_groups
     from attnlab.optim.schedulers import cosine
 
     torch.manual_seed(1337)
-    dm = TextDataModule(name="tinyshakespeare", files=[os.environ["ATTNLAB_DATA_DIR"] + "/tinyshakespeare/input.txt"],
-                        block_size=BLOCK, batch_size=BATCH, seed=1337, cache_dir=cache)
-    dm.prepare_data()
-    dm.setup("fit")
-    model = GPT(GPTConfig(vocab_size=dm.meta["vocab_size"], block_size=BLOCK, n_layer=4, n_head=4, n_embd=128))
+    model = GPT(GPTConfig(vocab_size=vocab_size, block_size=BLOCK, n_layer=4, n_head=4, n_embd=128))
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
     sched = cosine(opt, steps, warmup=100, min_lr_ratio=0.1)["scheduler"]
-
-    def evaluate() -> float:
-        model.eval()
-        with torch.no_grad():
-            losses = [model.loss(x, y).item() for _, (x, y) in zip(range(EVAL_BATCHES), dm.val_dataloader())]
-        model.train()
-        return sum(losses) / len(losses)
-
-    times, step, val = [], 0, float("nan")
-    train_iter = iter(dm.train_dataloader())
-    while step < steps:
+    times, val = [], float("nan")
+    for step in range(1, steps + 1):
         t0 = time.perf_counter()
-        try:
-            x, y = next(train_iter)
-        except StopIteration:
-            train_iter = iter(dm.train_dataloader())
-            x, y = next(train_iter)
+        x, y = next(train_batches)
         loss = model.loss(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -81,22 +108,38 @@ def bare(steps: int, cache: str) -> None:
         opt.step()
         sched.step()
         times.append(time.perf_counter() - t0)
-        step += 1
         if step % EVAL_EVERY == 0 or step == steps:
-            val = evaluate()
+            model.eval()
+            with torch.no_grad():
+                losses = [model.loss(x, y).item() for _, (x, y) in zip(range(EVAL_BATCHES), val_batches())]
+            model.train()
+            val = sum(losses) / len(losses)
     times = times[len(times) // 10:]
     print(json.dumps({"ms_per_iter": 1000 * statistics.median(times), "val_loss": val,
                       "tokens_per_s": BLOCK * BATCH / statistics.median(times)}))
 
 
-def run_bare(steps: int, cache: Path) -> dict:
+def run_script_mode(mode: str, steps: int, cache: Path) -> dict:
+    """Run this file in `mode` (bare / torch-only) in its own process; -> its JSON result + wall time and memory."""
     start = time.perf_counter()
-    code, output, rss = run_measured([sys.executable, __file__, "--bare", "--steps", str(steps), "--cache", str(cache)],
-                                     cache.parent / "bare.log")
+    cmd = [sys.executable, "-c", _REPORT_AT_EXIT + "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')",
+           __file__, f"--{mode}", "--steps", str(steps), "--cache", str(cache)]
+    code, output, rss = run_measured(cmd, cache.parent / f"{mode}.log")
     if code:
         sys.exit(output[-3000:])
-    result = json.loads(output.strip().splitlines()[-1])
-    return result | {"wall_s": time.perf_counter() - start, "peak_rss_gb": rss}
+    result = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+    return result | {"wall_s": time.perf_counter() - start, "peak_rss_gb": rss, "before_exit_gb": before_exit(output)}
+
+
+# Prepended to each measured process: prints its peak RSS when the interpreter starts shutting down.
+_REPORT_AT_EXIT = ("import atexit, resource, sys; sys.argv = sys.argv[1:]; "
+                   "atexit.register(lambda: print(f'peak RSS before exit: {resource.getrusage(resource.RUSAGE_SELF)"
+                   ".ru_maxrss / 1e6:.3f}', flush=True)); ")
+
+
+def before_exit(output: str) -> float:
+    lines = [line for line in output.splitlines() if line.startswith("peak RSS before exit:")]
+    return float(lines[-1].split(":")[1]) if lines else float("nan")
 
 
 def run_measured(cmd: list[str], log: Path) -> tuple[int, str, float]:
@@ -113,20 +156,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("ATTNLAB_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     if args.bare:
         return bare(args.steps, args.cache)
+    if args.torch_only:
+        return torch_only(args.steps)
     work = Path(tempfile.mkdtemp(prefix="attnlab_bench_"))
-    bare_r = run_bare(args.steps, work / "cache")   # first: it also tokenizes the corpus into the shared cache
+    bare_r = run_script_mode("bare", args.steps, work / "cache")   # first: it also tokenizes the corpus into the cache
     ours = run_ours(args.steps, work / "run")
+    torch_r = run_script_mode("torch-only", args.steps, work / "cache")
     ours["ms_per_iter"] = 1000 * BLOCK * BATCH / ours["tokens_per_s"]
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, steps: {args.steps}")
-    print(f"{'':8} {'ms/iter':>8} {'tokens/s':>9} {'peak RSS':>9} {'val loss':>9} {'wall':>7}")
-    for name, r in (("attnlab", ours), ("bare", bare_r)):
-        print(f"{name:8} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:9.0f} {r['peak_rss_gb']:8.2f}G "
-              f"{r['val_loss']:9.4f} {r['wall_s']:6.0f}s")
+    print(f"{'':10} {'ms/iter':>8} {'tokens/s':>9} {'peak RSS':>9} {'before exit':>12} {'val loss':>9} {'wall':>7}")
+    for name, r in (("attnlab", ours), ("bare", bare_r), ("torch only", torch_r)):
+        print(f"{name:10} {r['ms_per_iter']:8.1f} {r['tokens_per_s']:9.0f} {r['peak_rss_gb']:8.2f}G "
+              f"{r['before_exit_gb']:11.2f}G {r['val_loss']:9.4f} {r['wall_s']:6.0f}s")
     print(f"throughput ours / bare: {ours['tokens_per_s'] / bare_r['tokens_per_s']:.2f}")
     print("nanoGPT reference: val loss 1.8857 at 2000 iterations, 65 ms/iteration, peak RSS 0.86 GB")
 

@@ -126,6 +126,33 @@ def test_optuna_sweep_optimizes_the_returned_metric(tmp_path, log_env):
     assert (table["metric"] == "val/acc_best").all() and table["value"].max() == pytest.approx(best["best_value"])
 
 
+def _append_rows(path, worker: int) -> None:
+    from attnlab.cli.training import append_row
+
+    for i in range(5):
+        append_row(path, {"job": f"{worker}.{i}", "value": i} | ({"test/acc": 0.5} if worker % 2 else {}))
+
+
+def test_parallel_jobs_share_the_sweep_table(tmp_path):
+    import csv
+    import multiprocessing as mp
+
+    path = tmp_path / "sweep" / "results.csv"
+    procs = [mp.get_context("fork").Process(target=_append_rows, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+    assert reader.fieldnames == ["job", "value", "test/acc"]  # a row with a new metric added a column
+    assert sorted(r["job"] for r in rows) == sorted(f"{w}.{i}" for w in range(4) for i in range(5))
+    assert all((r["test/acc"] == "0.5") == (int(r["job"].split(".")[0]) % 2 == 1) for r in rows)
+    assert not list(path.parent.glob("*.tmp"))
+
+
 def wandb_records(offline_run: Path):
     """The records of an offline W&B run (its run-<id>.wandb file: W&B's leveldb-style log of protobuf records)."""
     import struct

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -86,8 +87,6 @@ def _report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path) 
 def _append_sweep_row(cfg: DictConfig, metrics: dict[str, float], out_dir: Path) -> None:
     """In a multirun (a grid or an Optuna sweep), one row per job in <sweep dir>/results.csv: the job number, its
     overrides, the optimized metric and the run's main results."""
-    import csv
-
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -98,10 +97,26 @@ def _append_sweep_row(cfg: DictConfig, metrics: dict[str, float], out_dir: Path)
     row = {"job": hc.job.num, "overrides": " ".join(hc.overrides.task), "metric": target,
            "value": metrics.get(target, float("nan")), "run_dir": str(out_dir)}
     row |= {k: v for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")) and not k.endswith("_step")}
-    path = Path(hc.sweep.dir) / "results.csv"
-    new = not path.exists()
-    with open(path, "a", newline="") as fh:  # jobs of one sweep run one after another, or append whole lines
-        writer = csv.DictWriter(fh, fieldnames=list(row))
-        if new:
+    append_row(Path(hc.sweep.dir) / "results.csv", row)
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Add a row to a CSV table that parallel jobs (submitit, joblib) share; a row with new keys adds columns."""
+    import csv
+
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        rows = []
+        if path.exists():
+            with open(path, newline="") as fh:
+                rows = list(csv.DictReader(fh))
+        rows.append(row)
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
-        writer.writerow(row)
+            writer.writerows(rows)
+        os.replace(tmp, path)  # a job killed while writing leaves the previous table whole
