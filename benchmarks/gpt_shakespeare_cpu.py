@@ -30,7 +30,8 @@ BLOCK, BATCH, EVAL_EVERY, EVAL_BATCHES = 64, 12, 250, 20
 
 def run_ours(steps: int, out: Path) -> dict:
     cmd = [sys.executable, str(ROOT / "train.py"), "experiment=gpt_shakespeare_char_cpu", f"trainer.max_steps={steps}",
-           f"trainer.val_check_interval={min(EVAL_EVERY, steps)}", "logger=csv", "test=false", "callbacks.progress_bar=null", "extras.print_config=false",
+           f"trainer.val_check_interval={min(EVAL_EVERY, steps)}", "logger=csv", "test=false",
+           "callbacks.progress_bar=null", "extras.print_config=false",
            f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
     cmd[1:2] = ["-c", _REPORT_AT_EXIT + "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')", cmd[1]]
     start = time.perf_counter()

@@ -157,3 +157,17 @@ def test_a_checkpoint_without_the_running_loss_mean_still_loads():
     old = {k: v for k, v in task.state_dict().items() if not k.startswith("train_loss_mean.")}
     assert len(old) < len(task.state_dict())
     task.load_state_dict(old, strict=True)
+
+
+@pytest.mark.parametrize(("max_epochs", "max_steps", "expected"), [
+    (10, -1, "Epoch 3/9"), (-1, 5000, "Epoch 3 · step budget 5000"), (None, 200, "Epoch 3 · step budget 200")])
+def test_progress_bar_describes_the_budget(max_epochs, max_steps, expected):
+    import lightning as L
+
+    from attnlab.callbacks import ProgressBar
+
+    bar = ProgressBar()
+    trainer = L.Trainer(max_epochs=max_epochs, max_steps=max_steps, callbacks=[bar], logger=False,
+                        enable_checkpointing=False)
+    bar.setup(trainer, None, "fit")
+    assert bar._get_train_description(3).strip() == expected

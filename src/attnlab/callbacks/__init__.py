@@ -2,6 +2,7 @@
 
 from attnlab.callbacks.checkpoint import ModelCheckpoint
 from attnlab.callbacks.nan_guard import NaNGuard
+from attnlab.callbacks.progress import ProgressBar
 from attnlab.callbacks.throughput import Throughput
 
-__all__ = ["ModelCheckpoint", "NaNGuard", "Throughput"]
+__all__ = ["ModelCheckpoint", "NaNGuard", "ProgressBar", "Throughput"]
