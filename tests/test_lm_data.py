@@ -167,3 +167,128 @@ def test_masked_lm_batches_pack_lines_and_mask_only_real_tokens(tmp_path, small_
     collate = MaskingCollator(0, 4, [0, 2, 3], 100, 0.5)
     out = collate([torch.tensor([2, 50, 60, 3]), torch.tensor([2, 70, 3])])
     assert out["input_ids"].shape == (2, 4) and out["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+
+
+def test_lowercase_char_tokenizer_lowercases_what_it_encodes(tmp_path):
+    path = tmp_path / "mixed.txt"
+    path.write_text("The Quick Brown Fox\nJumps Over The Lazy Dog\n" * 40)
+    dm = _dm(tmp_path, files=[str(path)], lowercase=True, block_size=16)
+    tok = dm.tokenizer
+    assert tok.lowercase and tok.chars == "".join(sorted(set("the quick brown fox\njumps over the lazy dog")))
+    assert tok.decode(dm.token_arrays["train"].array[:20].tolist()) == "the quick brown fox\n"
+    assert toks.tokenizer_from_json(tok.to_json()).encode("ROMEO") == tok.encode("romeo")  # prompts at predict time
+    old = toks.tokenizer_from_json(json.dumps({"attnlab_char_tokenizer": {"chars": "ab", "specials": []}}))
+    assert not old.lowercase and old.encode("ab") == [0, 1]                # saved before `lowercase` existed
+    # a cache entry written before the fix (no `lowercase` in it) is rebuilt, not loaded as case-sensitive
+    (cached,) = (tmp_path / "cache" / "tokenizers").glob("char-*.json")
+    cached.write_text(json.dumps({"attnlab_char_tokenizer": {"chars": tok.chars, "specials": []}}))
+    assert _dm(tmp_path, files=[str(path)], lowercase=True, block_size=16).tokenizer.lowercase
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_char_tokenizer_on_records_knows_the_newline_between_them(tmp_path, suffix):
+    records = [{"text": f"record {i} has no newline"} for i in range(100)]
+    path = tmp_path / f"r{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in records))
+    else:
+        import pandas as pd
+
+        pd.DataFrame(records).to_parquet(path)
+    dm = _dm(tmp_path, files=[str(path)], block_size=8)
+    assert "\n" in dm.tokenizer.chars
+    assert dm.tokenizer.decode(dm.token_arrays["train"].array[:48].tolist()) == \
+        "record 0 has no newline\nrecord 1 has no newline\n"
+
+
+def test_files_may_be_one_path_instead_of_a_list(tmp_path):
+    train, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    train.write_text("hello world\n" * 100)
+    val.write_text("world hello\n" * 20)
+    dm = _dm(tmp_path, files=str(train), val_files=str(val), test_files=str(val), block_size=8)
+    assert len(dm.token_arrays["train"]) == 1200 and len(dm.token_arrays["val"]) == len(dm.token_arrays["test"]) == 240
+
+
+def test_random_starts_are_split_across_ddp_ranks_and_lightning_leaves_them_unwrapped():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
+
+    from attnlab.data.samplers import ResumableDataLoader
+    from attnlab.data.text import RandomStarts
+
+    whole = RandomStarts(1000, 64, seed=3)
+    ranks = [RandomStarts(1000, 64, seed=3, num_replicas=2, rank=r) for r in (0, 1)]
+    for s in (whole, *ranks):
+        s.set_epoch(2)
+    a, b = list(ranks[0]), list(ranks[1])
+    assert len(a) == len(b) == len(ranks[0]) == 32
+    assert [i for pair in zip(a, b) for i in pair] == list(whole)          # disjoint draws, covering the epoch
+    odd = [RandomStarts(1000, 65, seed=3, num_replicas=2, rank=r) for r in (0, 1)]
+    assert len(list(odd[0])) == len(list(odd[1])) == len(odd[0]) == 33     # equal shares: no rank waits on another
+    # Lightning's own check: a DistributedSampler is not wrapped, so a resumed rank skips inside its own sampler
+    ddp = SimpleNamespace(trainer=SimpleNamespace(_accelerator_connector=SimpleNamespace(
+        use_distributed_sampler=True, is_distributed=True)))
+    loader = ResumableDataLoader(range(1000), batch_size=4, sampler=ranks[1], drop_last=True)
+    assert not _DataConnector._requires_distributed_sampler(ddp, loader)
+    loader.load_state_dict({"epoch": 2, "batches": 3})
+    assert torch.cat(list(loader)).tolist() == b[12:]
+
+
+def _prepare_and_report(kw, barrier, results) -> None:
+    try:
+        barrier.wait()
+        dm = TextDataModule(**kw)
+        dm.prepare_data()
+        results.put({k: v.array.tolist() for k, v in dm.token_arrays.items()})
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        results.put(f"{type(e).__name__}: {e}")
+
+
+def test_processes_preparing_the_same_corpus_at_once_share_the_cache(tmp_path, monkeypatch):
+    import multiprocessing
+    import time
+
+    from attnlab.data import text
+
+    chunks = text._chunks
+
+    def slow_chunks(*args):  # widens the window in which both processes write the token files
+        for chunk in chunks(*args):
+            time.sleep(0.3)
+            yield chunk
+
+    monkeypatch.setattr(text, "_chunks", slow_chunks)
+    path = tmp_path / "c.txt"
+    path.write_text("to be or not to be\n" * 200)
+    kw = dict(files=[str(path)], cache_dir=str(tmp_path / "cache"), block_size=8)
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_prepare_and_report, args=(kw, barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=10)
+    assert all(isinstance(g, dict) for g in got), got
+    assert got[0] == got[1] and len(got[0]["train"]) == int(0.9 * 3800)
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def test_a_tokenizer_trained_on_a_fraction_split_never_sees_validation_text(tmp_path, monkeypatch):
+    common = "the cat sat on the mat and the dog ran far away\n"
+    text = common * 40 + "the cat sat on the mat " * 30 + "zyzzyva " * 30 + "\n"  # the last line crosses into val
+    assert text.index("zyzzyva") > int(0.9 * len(text))
+    path = tmp_path / "c.txt"
+    path.write_text(text)
+    seen: list[str] = []
+    train = toks.train_hf_tokenizer
+
+    def spy(kind, texts, *args, **kwargs):
+        seen.extend(texts)
+        return train(kind, iter(seen), *args, **kwargs)
+
+    monkeypatch.setattr(toks, "train_hf_tokenizer", spy)
+    dm = _dm(tmp_path, files=[str(path)], tokenizer="bpe", tokenizer_vocab_size=300, block_size=8)
+    assert sum(len(t) for t in seen) == int(0.9 * len(text)) and "zyzzyva" not in "".join(seen)
+    assert not any("zy" in t for t in dm.tokenizer.tok.get_vocab())

@@ -18,7 +18,7 @@ def _gpt(**kw) -> GPT:
     return GPT(GPTConfig(**cfg)).eval()
 
 
-@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "alibi"])
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_changing_a_later_token_leaves_earlier_logits_unchanged(positional, norm_position):
     model = _gpt(positional=positional, norm_position=norm_position, norm="rmsnorm", ffn="swiglu")
@@ -31,7 +31,7 @@ def test_changing_a_later_token_leaves_earlier_logits_unchanged(positional, norm
     assert not torch.allclose(a[:, t + 1], b[:, t + 1], atol=1e-5)
 
 
-@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "alibi"])
 def test_kv_cache_generation_equals_full_recomputation(positional):
     model = _gpt(positional=positional)
     idx = torch.randint(0, 50, (3, 5))
@@ -93,6 +93,33 @@ def test_parameter_count_weight_tying_and_flops_match_nanogpt():
     assert "embed.pos.wpe.weight" in model.no_weight_decay()
     proj = model.blocks[0].attn.out_proj.weight.std().item()         # GPT-2 init: residual projections scaled
     assert 0.02 / (2 * 4) ** 0.5 * 0.8 < proj < 0.02 / (2 * 4) ** 0.5 * 1.2
+    untied = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, tie_weights=False))
+    assert untied.flops_per_token() == model.flops_per_token()     # the extra table is a lookup: no FLOPs
+
+
+def test_alibi_biases_scores_by_distance():
+    from attnlab.nn.positional import ALiBi
+
+    assert ALiBi.head_slopes(8) == [2 ** -(i + 1) for i in range(8)]  # the paper's 1/2 ... 1/256
+    assert len(ALiBi.head_slopes(6)) == 6 and ALiBi.head_slopes(6)[:4] == ALiBi.head_slopes(4)
+    bias = ALiBi(4).bias(2, 5, offset=3)                             # queries at 3 and 4, keys 0..4
+    assert bias.shape == (4, 2, 5) and bias[0, 0].tolist() == [-0.75, -0.5, -0.25, 0.0, -0.25]  # slope 1/4
+    model = _gpt(positional="alibi")
+    assert not any("pos" in n for n, _ in model.named_parameters())  # no position embedding at all
+    idx = torch.randint(0, 50, (1, 10))
+    shifted = model(idx[:, 1:])[:, -1]                              # ALiBi sees only distances: the last logits
+    assert not torch.allclose(model(idx)[:, -1], shifted, atol=1e-6)  # depend on how far back the context goes
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"positional": "alibii"}, "model.positional=alibii is not one of sinusoidal, learned, rope, alibi"),
+    ({"norm": "batchnorm"}, "model.norm=batchnorm is not one of layernorm, rmsnorm"),
+    ({"ffn": "tanh"}, "model.ffn=tanh is not one of relu, gelu, swiglu"),
+    ({"n_head": 3}, r"model.n_embd=32 does not split into model.n_head=3 heads"),
+])
+def test_bad_model_settings_are_user_errors(override, message):
+    with pytest.raises(UserError, match=message):
+        GPTConfig(**{"vocab_size": 50, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32} | override)
 
 
 def test_sequence_longer_than_the_positional_table_is_a_user_error():

@@ -142,3 +142,46 @@ def test_generated_samples_go_to_a_wandb_table():
     table = payload["val/samples"]
     assert table.columns == ["step", "prompt", "text"] and len(table.data) == 2
     assert all(row[0] == 7 and row[2].startswith("ab") and len(row[2]) == 12 for row in table.data)
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.tasks.language_model import CausalLM
+
+    tok = CharTokenizer("abcdefgh ")                                 # a corpus without newlines
+    model = CausalLM(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, num_samples=1,
+                     sample_tokens=5, tokenizer=tok.to_json())      # the default sample_prompt is "\n"
+    model._trainer = _Trainer()
+    model._first_val_ids = torch.tensor([[2]])
+    model.log_samples()                                             # a validation must not end the run
+    (payload,) = model._trainer.loggers[0].logged
+    assert len(payload["val/samples"].data[0][2]) == 6 and "model.sample_prompt" in caplog.text
+    texts = model.predict_cli(OmegaConf.create({"max_new_tokens": 0, "num_samples": 2}), None)
+    assert texts == ["", ""]                                        # 0 is a value: no new tokens, two samples
+
+
+def test_masked_lm_text_longer_than_the_model_says_shorten_it():
+    from attnlab.data.tokenizers import MLM_SPECIALS, CharTokenizer
+
+    tok = CharTokenizer("abc ", MLM_SPECIALS)
+    model = MaskedLM(vocab_size=tok.vocab_size, max_length=8, n_layer=1, n_head=2, n_embd=16, tokenizer=tok.to_json())
+    with pytest.raises(UserError, match=r"text= is 14 tokens .* at most 8 \(model.max_length\): give a shorter text"):
+        model.predict_cli(OmegaConf.create({"text": "abc [MASK] abcabc"}), None)
+
+
+@pytest.mark.parametrize("experiment,objective", [("gpt_shakespeare_char_cpu", "masked"),
+                                                  ("bert_shakespeare", "causal")])
+def test_data_objective_against_the_model_is_a_user_error(tmp_path, experiment, objective):
+    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", f"data.objective={objective}", "data.batch_size=4",
+                       *SMALL], tmp_path)
+    with pytest.raises(UserError, match=f"data.objective={objective}, but .* remove the data.objective override"):
+        train(cfg)
+
+
+def test_eval_on_text_tokenized_with_another_vocabulary_is_refused(trained_gpt, tmp_path, log_env):
+    text = tmp_path / "other.txt"
+    text.write_text("all work and no play makes jack a dull boy\n" * 400)  # fewer characters: another char vocabulary
+    ckpt = trained_gpt / "checkpoints" / "last.ckpt"
+    out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false", env=log_env)
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert "another vocabulary than the model's" in out.stdout and "same corpus and data.tokenizer" in out.stdout

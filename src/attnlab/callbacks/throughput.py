@@ -17,6 +17,7 @@ class Throughput(L.Callback):
         self.every = max(1, int(log_every_n_steps))
         self._t0: float | None = None
         self._samples = self._tokens = self._batches = 0
+        self._flop_count = 0.0
         self._flops: float | None = None
         self._peak: float | None = None
 
@@ -32,11 +33,15 @@ class Throughput(L.Callback):
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0
+        self._flop_count = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._samples += pl_module.batch_size_of(batch)
         if hasattr(pl_module, "tokens_of"):
             self._tokens += pl_module.tokens_of(batch)
+        if self._flops:  # tasks whose batches vary in shape count each one (`flops_of`)
+            self._flop_count += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else self._flops * \
+                pl_module.batch_size_of(batch)
         self._batches += 1
         if self._batches < self.every:
             return
@@ -46,6 +51,6 @@ class Throughput(L.Callback):
         if self._tokens:
             metrics["perf/tokens_per_s"] = self._tokens * world / elapsed
         if self._flops and self._peak:
-            metrics["perf/mfu"] = self._flops * self._samples / elapsed / self._peak
+            metrics["perf/mfu"] = self._flop_count / elapsed / self._peak
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
-        self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0
+        self.on_train_epoch_start(trainer, pl_module)  # the next window

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
@@ -36,6 +37,7 @@ log = logging.getLogger("attnlab")
 
 OBJECTIVES = ("causal", "masked")
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+SEPARATOR = "\n"  # ends each record (jsonl, parquet, hub) when the tokenizer has no end-of-text token
 
 
 # ---- documents: where the text comes from
@@ -74,7 +76,8 @@ def _txt_docs(path: Path) -> Iterator[str]:
 def _missing_column(path, column: str, available: list[str]) -> UserError:
     return UserError(
         f"{path} has no text column '{column}' (its columns: {', '.join(map(str, available)) or 'none'}). "
-        f"Set data.text_column to the column that holds the text, e.g. data.text_column={available[0] if available else 'text'}."
+        "Set data.text_column to the column that holds the text, e.g. "
+        f"data.text_column={available[0] if available else 'text'}."
     )
 
 
@@ -195,13 +198,24 @@ class TokenArray:
 
 def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | None) -> tuple[Path, Path]:
     """Writes the token ids of all documents to `out`.bin (uint16 when the vocabulary fits) and the token offset
-    at which each document ends to `out`.docs.npy. Atomic: a run that stops halfway leaves no cache behind."""
+    at which each document ends to `out`.docs.npy. Atomic: a run that stops halfway leaves no cache behind.
+    Processes preparing the same split at once (DDP ranks, parallel sweep jobs) take turns through a file lock:
+    the first writes it, the others wait and use it."""
+    from filelock import FileLock
+
+    bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
+    if not (bin_path.is_file() and docs_path.is_file()):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{out}.lock"):
+            if not (bin_path.is_file() and docs_path.is_file()):  # another process may have written them meanwhile
+                _write_tokens(source, tok, out, eot)
+    return bin_path, docs_path
+
+
+def _write_tokens(source: Source, tok: TextTokenizer, out: Path, eot: int | None) -> None:
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
-    if bin_path.is_file() and docs_path.is_file():
-        return bin_path, docs_path
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".bin.tmp")
+    tmp, docs_tmp = (out.with_suffix(f".{os.getpid()}{suffix}.tmp") for suffix in (".bin", ".docs.npy"))
     ends: list[int] = []
     written = 0
     log.info("tokenizing the %s split into %s", source.name, bin_path)
@@ -211,9 +225,10 @@ def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | N
     bar = tqdm(desc=f"tokenizing {source.name}", unit=" docs", disable=None, leave=False)
     with open(tmp, "wb") as f, bar:
         for chunk in _chunks(source.docs(), 8192):
-            if source.records and eot is None:  # records joined by newlines when there is no end-of-text token
-                chunk = [d if d.endswith("\n") else d + "\n" for d in chunk]
+            if source.records and eot is None:  # records separated by newlines when there is no end-of-text token
+                chunk = [d if d.endswith(SEPARATOR) else d + SEPARATOR for d in chunk]
             if isinstance(tok, CharTokenizer):
+                chunk = [tok.normalize(d) for d in chunk]  # lowercasing may change a document's length
                 ids = tok.encode_array("".join(chunk))
                 lengths = [len(d) for d in chunk]
             else:
@@ -231,9 +246,10 @@ def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | N
         tmp.unlink()
         raise UserError(f"the {source.name} split holds no text (0 tokens after tokenization): check its files "
                         "(data.files / data.val_files / data.test_files) or data.text_column.")
-    np.save(docs_path, np.asarray(ends, dtype=np.int64))
+    with open(docs_tmp, "wb") as f:
+        np.save(f, np.asarray(ends, dtype=np.int64))
+    docs_tmp.replace(docs_path)
     tmp.replace(bin_path)
-    return bin_path, docs_path
 
 
 def _chunks(it: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -265,19 +281,26 @@ class Windows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-class RandomStarts(ResumableSampler):
-    """`num_samples` window starts drawn uniformly with replacement (nanoGPT's get_batch), seeded by (seed,
-    epoch): a resumed run draws what an uninterrupted one would have, from the batch it stopped at."""
+class RandomStarts(ResumableSampler, DistributedSampler):
+    """`num_samples` window starts per epoch drawn uniformly with replacement (nanoGPT's get_batch), seeded by
+    (seed, epoch): a resumed run draws what an uninterrupted one would have, from the batch it stopped at.
 
-    def __init__(self, n: int, num_samples: int, seed: int = 0):
-        self.n, self.num_samples, self.seed, self.epoch = n, num_samples, seed, 0
+    Under DDP each rank takes every num_replicas-th draw (the epoch's draws rounded up to a multiple of
+    num_replicas), like EpochShuffleSampler; as a DistributedSampler, Lightning leaves it unwrapped, so a
+    resumed run skips inside it."""
+
+    def __init__(self, n: int, num_samples: int, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+        DistributedSampler.__init__(self, range(num_samples), num_replicas=num_replicas, rank=rank, shuffle=False,
+                                    seed=seed)  # self.num_samples: this rank's share; self.total_size: all ranks'
+        self.n = n
 
     def epoch_indices(self) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randint(self.n, (self.num_samples,), generator=g).tolist()
+        draws = torch.randint(self.n, (self.total_size,), generator=g)
+        return draws[self.rank :: self.num_replicas].tolist()
 
-    def __len__(self) -> int:
-        return self.num_samples
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
 
 def fixed_starts(n_tokens: int, block_size: int, seed: int) -> np.ndarray:
@@ -366,6 +389,13 @@ def mask_tokens(ids: torch.Tensor, candidates: torch.Tensor, mask_id: int, vocab
 
 # ---- the DataModule
 
+def _as_list(files) -> list[str] | None:
+    """data.files=path.txt means [path.txt] (not its characters)."""
+    if not files:
+        return None
+    return [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+
+
 class TextDataModule(BaseDataModule):
     """Args (beyond BaseDataModule's):
         files / val_files / test_files: local .txt (one document per line, newlines kept), .jsonl or .parquet.
@@ -412,6 +442,7 @@ class TextDataModule(BaseDataModule):
         if not files and not hub:
             raise UserError(f"data={name} has no text: set data.files=[path/to/text.txt, ...] (local .txt, .jsonl "
                             "or .parquet files) or use data=hf_text data.hub.path=<hub dataset>.")
+        files, val_files, test_files = (_as_list(f) for f in (files, val_files, test_files))
         self.name, self.files, self.val_files, self.test_files, self.hub = name, files, val_files, test_files, hub
         self.text_column, self.val_fraction, self.test_fraction = text_column, float(val_fraction), float(test_fraction)
         self.tokenizer_kind, self.tokenizer_vocab_size = tokenizer, tokenizer_vocab_size
@@ -437,11 +468,13 @@ class TextDataModule(BaseDataModule):
         """({split: Source}, whether val/test are cut from the training source by fraction)."""
         if self.hub:
             hub = dict(self.hub)
-            split, val_split, test_split = hub.pop("split", "train"), hub.pop("val_split", None), hub.pop("test_split", None)
+            split, val_split = hub.pop("split", "train"), hub.pop("val_split", None)
+            test_split = hub.pop("test_split", None)
             take, val_docs = hub.pop("max_documents", None), int(hub.pop("val_documents", 0) or 0)
             hub.setdefault("path", None)
             if not hub["path"]:
-                raise UserError("data.hub.path is empty: name a hub dataset, e.g. data.hub.path=Skylion007/openwebtext.")
+                raise UserError("data.hub.path is empty: name a hub dataset, e.g. "
+                                "data.hub.path=Skylion007/openwebtext.")
             skip = 0 if val_split else val_docs
             if not val_split and not val_docs:
                 raise UserError(f"hub dataset {hub['path']}: set data.hub.val_split=<split name> or "
@@ -462,19 +495,19 @@ class TextDataModule(BaseDataModule):
         return src, by_fraction
 
     def _train_texts(self, src: Source, fraction: float) -> Callable[[], Iterator[str]]:
-        """The documents of the first `fraction` of the characters of `src` (the training part of a fraction
-        split), so a trained tokenizer never sees validation text."""
+        """The first `fraction` of the characters of `src` (the training part of a fraction split), the document
+        that crosses into the validation part cut where it does, so a trained tokenizer never sees validation
+        text. Counted only when a tokenizer is trained (not when it comes from the cache)."""
         if fraction >= 1:
             return src.docs
-        total = sum(len(d) for d in src.docs())
 
         def docs():
-            seen = 0
+            budget = int(fraction * sum(len(d) for d in src.docs()))
             for d in src.docs():
-                if seen >= fraction * total:
+                if budget <= 0:
                     return
-                seen += len(d)
-                yield d
+                yield d[:budget]
+                budget -= len(d)
 
         return docs
 
@@ -502,10 +535,11 @@ class TextDataModule(BaseDataModule):
             for s in src.values():
                 yield from s.docs()
 
+        separator = SEPARATOR if any(s.records for s in src.values()) else ""
         self.tokenizer, tok_key = build_tokenizer(
             self.tokenizer_kind, cache_key(corpus), self._train_texts(src["train"], train_fraction), all_texts,
             self.cache_dir, self.tokenizer_vocab_size, self._specials(), self.lowercase, self.min_frequency,
-            self.pretrained_tokenizer)
+            self.pretrained_tokenizer, extra_chars=separator)
         eot = self.tokenizer.token_to_id(EOT)
         folder = self.cache_dir / "text" / f"{self.name}-{cache_key([corpus, tok_key])}"
         arrays = {}
@@ -542,7 +576,8 @@ class TextDataModule(BaseDataModule):
             return Windows(tokens, self.block_size, fixed_starts(len(tokens), self.block_size, seed=0))
         spans = pack_spans(ends, tokens.start, tokens.end, self.max_length - 2)
         tok = self.tokenizer
-        return PackedSequences(tokens, spans, tok.special_id(CLS, "masked-LM data"), tok.special_id(SEP, "masked-LM data"))
+        cls_id, sep_id = (tok.special_id(t, "masked-LM data") for t in (CLS, SEP))
+        return PackedSequences(tokens, spans, cls_id, sep_id)
 
     def build_splits(self):
         self._prepare()
@@ -560,16 +595,16 @@ class TextDataModule(BaseDataModule):
     def _make_loader(self, ds: Dataset, train: bool) -> DataLoader:
         bs = self.batch_size if train else self.eval_batch_size
         sampler = None
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         if train and isinstance(ds, Windows):
-            n = self.train_samples_per_epoch or max(bs, len(ds.tokens) // self.block_size)
-            sampler = RandomStarts(len(ds), int(n), self.seed)
+            n = self.train_samples_per_epoch or max(bs * world, len(ds.tokens) // self.block_size)
+            sampler = RandomStarts(len(ds), int(n), self.seed, num_replicas=world, rank=rank)
         elif train:
             from attnlab.data.samplers import EpochShuffleSampler
 
             if bs > len(ds):
                 raise UserError(f"data.batch_size={bs} is larger than the training split ({len(ds):,} sequences). "
                                 f"Set data.batch_size to at most {len(ds)} (or use more text).")
-            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             sampler = EpochShuffleSampler(len(ds), self.seed, num_replicas=world, rank=rank)
         loader = ResumableDataLoader if train else DataLoader  # train: resumes at the batch it stopped at
         return loader(ds, batch_size=bs, sampler=sampler, num_workers=self.num_workers,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -58,12 +59,13 @@ class TextTokenizer:
 
 
 class CharTokenizer(TextTokenizer):
-    """One id per character of the corpus (nanoGPT's shakespeare_char), plus optional special tokens after them."""
+    """One id per character of the corpus (nanoGPT's shakespeare_char), plus optional special tokens after them.
+    With `lowercase`, the vocabulary holds lowercased characters and encoding lowercases the text first."""
 
     kind = "char"
 
-    def __init__(self, chars: str, specials: Iterable[str] = ()):
-        self.chars, self.specials = "".join(sorted(set(chars))), list(specials)
+    def __init__(self, chars: str, specials: Iterable[str] = (), lowercase: bool = False):
+        self.chars, self.specials, self.lowercase = "".join(sorted(set(chars))), list(specials), bool(lowercase)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.itos = list(self.chars) + self.specials
         self.special_ids = {s: len(self.chars) + i for i, s in enumerate(self.specials)}
@@ -73,7 +75,11 @@ class CharTokenizer(TextTokenizer):
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    def normalize(self, text: str) -> str:
+        return text.lower() if self.lowercase else text
+
     def encode_array(self, text: str) -> np.ndarray:
+        text = self.normalize(text)
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
         pos = np.searchsorted(self._codes, codes).clip(0, max(0, len(self._codes) - 1))
         unknown = self._codes[pos] != codes if len(self._codes) else np.ones(len(codes), dtype=bool)
@@ -96,7 +102,8 @@ class CharTokenizer(TextTokenizer):
         return self.itos[i]
 
     def to_json(self) -> str:
-        return json.dumps({"attnlab_char_tokenizer": {"chars": self.chars, "specials": self.specials}})
+        return json.dumps({"attnlab_char_tokenizer": {"chars": self.chars, "specials": self.specials,
+                                                      "lowercase": self.lowercase}})
 
 
 class HFTokenizer(TextTokenizer):
@@ -128,7 +135,7 @@ class HFTokenizer(TextTokenizer):
 def tokenizer_from_json(text: str) -> TextTokenizer:
     data = json.loads(text)
     if "attnlab_char_tokenizer" in data:
-        return CharTokenizer(**data["attnlab_char_tokenizer"])
+        return CharTokenizer(**data["attnlab_char_tokenizer"])  # saved before `lowercase` existed: False
     from tokenizers import Tokenizer
 
     return HFTokenizer(Tokenizer.from_str(json.dumps(data["tokenizer"])), data["attnlab_kind"])
@@ -174,47 +181,76 @@ def load_pretrained(name: str, cache: Path):
             f"{cache.parent}. Offline, use a tokenizer trained on your corpus: data.tokenizer=bpe or wordpiece."
         ) from None
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(cache))
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # processes of other corpora may fetch the same one
+    tok.save(str(tmp))
+    tmp.replace(cache)
     return tok
 
 
 def build_tokenizer(kind: str, corpus_key: str, train_texts, all_texts, cache_dir: Path, vocab_size: int | None,
                     specials: list[str], lowercase: bool = False, min_frequency: int = 2,
-                    pretrained: str | None = None) -> tuple[TextTokenizer, str]:
+                    pretrained: str | None = None, extra_chars: str = "") -> tuple[TextTokenizer, str]:
     """(tokenizer, its cache key). `train_texts` / `all_texts` are callables returning iterators of documents:
-    BPE/WordPiece learn from the training split; the character vocabulary covers every split (as nanoGPT's)."""
+    BPE/WordPiece learn from the training split; the character vocabulary covers every split (as nanoGPT's) and
+    `extra_chars` (e.g. the separator the data puts between records).
+
+    Processes building the same tokenizer at once (DDP ranks, parallel sweep jobs) take turns through a file lock:
+    the first builds it, the others wait and load it."""
+    from filelock import FileLock
+
     from attnlab.data.cache import cache_key
 
     if kind not in KINDS:
         raise UserError(f"data.tokenizer={kind} is not a tokenizer attnlab knows: use one of {', '.join(KINDS)}.")
     settings = {"kind": kind, "corpus": corpus_key, "vocab_size": vocab_size, "specials": specials,
                 "lowercase": lowercase, "min_frequency": min_frequency, "pretrained": pretrained}
+    if kind == "char" and extra_chars:  # only then: the keys of every other cached tokenizer stay as they were
+        settings["extra_chars"] = "".join(sorted(set(extra_chars)))
     key = cache_key(settings)
     path = Path(cache_dir) / "tokenizers" / f"{kind}-{key}.json"
-    if path.is_file():
-        log.info("tokenizer: loaded %s", path)
-        return tokenizer_from_json(path.read_text()), key
+    tok = _cached_tokenizer(path, lowercase)
+    if tok is not None:
+        return tok, key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        tok = _cached_tokenizer(path, lowercase)  # another process may have built it while this one waited
+        if tok is not None:
+            return tok, key
+        tok = _new_tokenizer(kind, train_texts, all_texts, cache_dir, vocab_size, specials, lowercase, min_frequency,
+                             pretrained, extra_chars)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(tok.to_json())
+        tmp.replace(path)
+    log.info("tokenizer: %s, vocabulary %d, saved to %s", kind, tok.vocab_size, path)
+    return tok, key
+
+
+def _cached_tokenizer(path: Path, lowercase: bool) -> TextTokenizer | None:
+    if not path.is_file():
+        return None
+    tok = tokenizer_from_json(path.read_text())
+    if isinstance(tok, CharTokenizer) and tok.lowercase != lowercase:  # cached before char tokenizers lowercased
+        return None
+    log.info("tokenizer: loaded %s", path)
+    return tok
+
+
+def _new_tokenizer(kind, train_texts, all_texts, cache_dir, vocab_size, specials, lowercase, min_frequency,
+                   pretrained, extra_chars) -> TextTokenizer:
     if kind == "char":
-        chars: set[str] = set()
+        chars: set[str] = set(extra_chars.lower() if lowercase else extra_chars)
         for doc in all_texts():
             chars.update(doc.lower() if lowercase else doc)
-        tok: TextTokenizer = CharTokenizer("".join(chars), specials)
-    elif kind == "pretrained":
+        return CharTokenizer("".join(chars), specials, lowercase)
+    if kind == "pretrained":
         if not pretrained:
             raise UserError("data.tokenizer=pretrained needs data.pretrained_tokenizer=<hub name>, e.g. gpt2 "
                             "or bert-base-uncased.")
         hub_cache = Path(cache_dir) / "tokenizers" / "hub" / f"{pretrained.replace('/', '--')}.json"
-        tok = HFTokenizer(load_pretrained(pretrained, hub_cache), kind)
-    else:
-        if not vocab_size:
-            raise UserError(f"data.tokenizer={kind} is trained on the corpus and needs "
-                            "data.tokenizer_vocab_size=<int> (e.g. 8192).")
-        log.info("tokenizer: training %s with a vocabulary of %d on the training split", kind, vocab_size)
-        tok = HFTokenizer(train_hf_tokenizer(kind, train_texts(), int(vocab_size), specials, lowercase,
-                                             min_frequency), kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(tok.to_json())
-    tmp.replace(path)
-    log.info("tokenizer: %s, vocabulary %d, saved to %s", kind, tok.vocab_size, path)
-    return tok, key
+        return HFTokenizer(load_pretrained(pretrained, hub_cache), kind)
+    if not vocab_size:
+        raise UserError(f"data.tokenizer={kind} is trained on the corpus and needs "
+                        "data.tokenizer_vocab_size=<int> (e.g. 8192).")
+    log.info("tokenizer: training %s with a vocabulary of %d on the training split", kind, vocab_size)
+    return HFTokenizer(train_hf_tokenizer(kind, train_texts(), int(vocab_size), specials, lowercase, min_frequency),
+                       kind)

@@ -1,5 +1,5 @@
 """Multi-head attention on `F.scaled_dot_product_attention`: self- or cross-attention, causal and padding
-masks, rotary positions, and a key/value cache for incremental decoding."""
+masks, rotary positions or ALiBi biases, and a key/value cache for incremental decoding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.positional import RotaryEmbedding
+from attnlab.nn.positional import ALiBi, RotaryEmbedding
 
 
 class KVCache:
@@ -35,7 +35,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 rotary: RotaryEmbedding | None = None, cross: bool = False):
+                 rotary: RotaryEmbedding | None = None, cross: bool = False, alibi: ALiBi | None = None):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
@@ -51,6 +51,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
         self.rotary = rotary
+        self.alibi = None if cross else alibi  # a bias by distance: only between positions of one sequence
         self.record_weights = False  # keep the attention weights of the last call in `last_weights`
         self.last_weights: torch.Tensor | None = None
 
@@ -63,6 +64,7 @@ class MultiHeadAttention(nn.Module):
         """With a cache, self-attention appends this call's keys/values to it; cross-attention fills it with the
         context's keys/values on the first call and reuses them afterwards (the context does not change)."""
         B, T, C = x.shape
+        past = 0
         if self.cross:
             q = self._heads(self.q_proj(x))                           # (B, nh, T, hd)
             if cache is not None and cache.length:
@@ -89,15 +91,19 @@ class MultiHeadAttention(nn.Module):
             # query t (absolute position past + t) sees keys <= past + t
             allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)  # (T, S)
             mask = allowed if mask is None else mask & allowed
+        if self.alibi is not None:  # a float mask: the biases, -inf where a key may not be seen
+            bias = self.alibi.bias(T, S, past).to(q.dtype)[None]      # (1, nh, T, S)
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         if self.record_weights:  # explicit softmax, to keep the weights (alignment plots); same result as SDPA
             att = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5     # (B, nh, T, S)
             if mask is not None:
-                att = att.masked_fill(~mask, float("-inf"))
+                att = att + mask if mask.is_floating_point() else att.masked_fill(~mask, float("-inf"))
             att = att.softmax(dim=-1)
             self.last_weights = att.detach()
             y = F.dropout(att, self.dropout, self.training) @ v       # (B, nh, T, hd)
         else:
-            use_causal_flag = causal and mask is not None and key_padding_mask is None and S == T
+            plain_causal = mask is not None and not mask.is_floating_point() and key_padding_mask is None
+            use_causal_flag = causal and plain_causal and S == T
             y = F.scaled_dot_product_attention(
                 q, k, v,
                 attn_mask=None if use_causal_flag else mask,

@@ -37,7 +37,8 @@ class BertMLM(StackAccounting, nn.Module):
         self.drop = nn.Dropout(c.dropout)
         hidden = int(c.ffn_mult * c.n_embd)
         self.blocks = nn.ModuleList(
-            Block(c.n_embd, c.n_head, hidden, c.ffn, c.dropout, c.bias, c.norm, c.norm_position, self.embed.rotary)
+            Block(c.n_embd, c.n_head, hidden, c.ffn, c.dropout, c.bias, c.norm, c.norm_position, self.embed.rotary,
+                  alibi=self.embed.alibi)
             for _ in range(c.n_layer)
         )
         self.norm_f = make_norm(c.norm, c.n_embd, c.bias) if c.norm_position == "pre" else nn.Identity()

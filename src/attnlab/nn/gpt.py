@@ -49,7 +49,7 @@ class GPT(StackAccounting, nn.Module):
                                             c.dropout)
         self.blocks = nn.ModuleList(
             Block(c.n_embd, c.n_head, c.ffn_hidden, c.ffn, c.dropout, c.bias, c.norm, c.norm_position,
-                  self.embed.rotary)
+                  self.embed.rotary, alibi=self.embed.alibi)
             for _ in range(c.n_layer)
         )
         self.norm_f = make_norm(c.norm, c.n_embd, c.bias) if c.norm_position == "pre" else nn.Identity()

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention
-from attnlab.nn.positional import RotaryEmbedding
+from attnlab.errors import UserError
+from attnlab.nn.positional import POSITIONAL, ALiBi, RotaryEmbedding
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -67,13 +68,13 @@ class Block(nn.Module):
 
     def __init__(self, n_embd: int, n_head: int, ffn_hidden: int, ffn: str = "gelu", dropout: float = 0.0,
                  bias: bool = True, norm: str = "layernorm", norm_position: str = "pre",
-                 rotary: RotaryEmbedding | None = None, cross: bool = False):
+                 rotary: RotaryEmbedding | None = None, cross: bool = False, alibi: ALiBi | None = None):
         super().__init__()
         if norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm position '{norm_position}' is not one of {NORM_POSITIONS}")
         self.pre = norm_position == "pre"
         self.norm1 = make_norm(norm, n_embd, bias)
-        self.attn = MultiHeadAttention(n_embd, n_head, dropout, bias, rotary)
+        self.attn = MultiHeadAttention(n_embd, n_head, dropout, bias, rotary, alibi=alibi)
         self.cross_attn = MultiHeadAttention(n_embd, n_head, dropout, bias, cross=True) if cross else None
         self.norm_cross = make_norm(norm, n_embd, bias) if cross else None
         self.norm2 = make_norm(norm, n_embd, bias)
@@ -126,12 +127,29 @@ class StackConfig(ConfigSplit):
     n_embd: int = 384
     dropout: float = 0.0
     bias: bool = False
-    positional: str = "learned"      # learned | sinusoidal | rope
+    positional: str = "learned"      # learned | sinusoidal | rope | alibi
     norm: str = "layernorm"          # layernorm | rmsnorm
     norm_position: str = "pre"       # pre | post
     ffn: str = "gelu"                # relu | gelu | swiglu
     ffn_mult: float = 4.0
     tie_weights: bool = True
+
+    def __post_init__(self):
+        check_choices(self)
+
+
+def check_choices(c) -> None:
+    """The settings of a Transformer config `c` (model.positional, norm, ...) a user may mistype, checked at once."""
+    for key, choices in (("positional", POSITIONAL), ("norm", NORMS), ("norm_position", NORM_POSITIONS),
+                         ("ffn", FFNS)):
+        if getattr(c, key) not in choices:
+            raise UserError(f"model.{key}={getattr(c, key)} is not one of {', '.join(choices)}: pick one of those.")
+    if c.n_embd % c.n_head:
+        raise UserError(f"model.n_embd={c.n_embd} does not split into model.n_head={c.n_head} heads: choose "
+                        f"n_embd a multiple of n_head (e.g. n_embd={c.n_head * 64}).")
+    if c.positional == "rope" and (c.n_embd // c.n_head) % 2:
+        raise UserError(f"model.positional=rope rotates pairs of channels, but the head dimension "
+                        f"{c.n_embd // c.n_head} (n_embd / n_head) is odd: make it even.")
 
 
 class StackAccounting:
@@ -155,5 +173,8 @@ class StackAccounting:
         (PaLM appendix B, as in nanoGPT's MFU estimate)."""
         c = self.config
         T = seq_len or getattr(c, self.context_length)
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
+        n = self.num_params()
+        if not c.tie_weights:  # the input embedding is a lookup, not a matmul
+            n -= self.embed.wte.weight.numel()
+        return 6 * n + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
 

@@ -1,5 +1,6 @@
-"""Positional encodings: sinusoidal and learned tables added to the token embeddings, and rotary (RoPE)
-applied to queries and keys inside attention. Positions start at `offset` (what a KV cache already holds)."""
+"""Positional encodings: sinusoidal and learned tables added to the token embeddings; rotary (RoPE) applied to
+queries and keys inside attention; ALiBi biases added to the attention scores. Positions start at `offset` (what a
+KV cache already holds)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-POSITIONAL = ("sinusoidal", "learned", "rope")
+POSITIONAL = ("sinusoidal", "learned", "rope", "alibi")
 
 
 class SinusoidalPositional(nn.Module):
@@ -63,3 +64,28 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x[..., 0::2], x[..., 1::2]                                        # (B, nh, T, hd/2) each
         out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)      # (B, nh, T, hd/2, 2)
         return out.flatten(-2)                                                     # (B, nh, T, hd)
+
+
+class ALiBi(nn.Module):
+    """Press et al.'s attention with linear biases: no position embedding; head h adds -m_h * |i - j| to the score
+    of query i for key j, with slopes m_h a geometric sequence (1/2, 1/4, ... 1/256 for 8 heads)."""
+
+    def __init__(self, n_head: int):
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(self.head_slopes(n_head)), persistent=False)  # (nh,)
+
+    @staticmethod
+    def head_slopes(n: int) -> list[float]:
+        """The paper's slopes; for a head count that is not a power of 2, those of the next lower power of 2 and
+        every other one of the next higher (as in its reference code)."""
+        def geometric(k: int) -> list[float]:
+            return [2 ** (-8 * (i + 1) / k) for i in range(k)]
+
+        low = 2 ** math.floor(math.log2(n))
+        return geometric(low) + geometric(2 * low)[0::2][: n - low]
+
+    def bias(self, T: int, S: int, offset: int = 0) -> torch.Tensor:
+        """(nh, T, S) biases of queries at positions offset..offset+T-1 for keys at 0..S-1."""
+        q = torch.arange(offset, offset + T, device=self.slopes.device)[:, None]  # (T, 1)
+        k = torch.arange(S, device=self.slopes.device)[None, :]                   # (1, S)
+        return -self.slopes[:, None, None] * (q - k).abs()                        # (nh, T, S)

@@ -18,7 +18,7 @@ from torch import nn
 from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
-from attnlab.nn.layers import Block, ConfigSplit, make_norm
+from attnlab.nn.layers import Block, ConfigSplit, check_choices, make_norm
 
 
 @dataclass
@@ -34,7 +34,7 @@ class TransformerSeq2SeqConfig(ConfigSplit):
     ffn: str = "relu"                 # relu | gelu | swiglu
     dropout: float = 0.1
     bias: bool = True
-    positional: str = "sinusoidal"    # sinusoidal | learned | rope
+    positional: str = "sinusoidal"    # sinusoidal | learned | rope | alibi
     norm: str = "layernorm"
     norm_position: str = "post"       # post (the paper) | pre (more stable for deep stacks)
     max_len: int = 256                # positional table; longer inputs are refused
@@ -50,6 +50,7 @@ class TransformerSeq2Seq(nn.Module):
     def __init__(self, config: TransformerSeq2SeqConfig):
         super().__init__()
         self.config = c = config
+        check_choices(c)
         if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise UserError(
                 f"model.share_embeddings=true needs one vocabulary for both languages, but the source has "
@@ -64,8 +65,9 @@ class TransformerSeq2Seq(nn.Module):
             self.tgt_embed.wte = self.src_embed.wte
         layer = dict(n_embd=c.n_embd, n_head=c.n_head, ffn_hidden=c.ffn_hidden, ffn=c.ffn, dropout=c.dropout,
                      bias=c.bias, norm=c.norm, norm_position=c.norm_position)
-        self.encoder = nn.ModuleList(Block(**layer, rotary=self.src_embed.rotary) for _ in range(c.n_layer))
-        self.decoder = nn.ModuleList(Block(**layer, rotary=self.tgt_embed.rotary, cross=True)
+        enc, dec = self.src_embed, self.tgt_embed
+        self.encoder = nn.ModuleList(Block(**layer, rotary=enc.rotary, alibi=enc.alibi) for _ in range(c.n_layer))
+        self.decoder = nn.ModuleList(Block(**layer, rotary=dec.rotary, alibi=dec.alibi, cross=True)
                                      for _ in range(c.n_dec_layer or c.n_layer))
         pre = c.norm_position == "pre"  # pre-norm stacks end with a norm; post-norm blocks already end in one
         self.enc_norm = make_norm(c.norm, c.n_embd, c.bias) if pre else nn.Identity()

@@ -212,7 +212,7 @@ class ImageClassifier(BaseTask):
         images = FileImages([(str(f), -1) for f in files], h.in_chans,
                             eval_transform(h.img_size, h.in_chans, dict(data.get("augment") or {})))
         names = list(h.class_names or [str(i) for i in range(h.num_classes)])
-        k = min(int(cfg.get("top_k", 5)), h.num_classes)
+        k = min(int(cfg.get("top_k") or 5), h.num_classes)
         rows = []
         loader = torch.utils.data.DataLoader(images, batch_size=int(cfg.get("batch_size", 64)))
         with torch.inference_mode():

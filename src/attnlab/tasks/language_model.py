@@ -61,13 +61,33 @@ class _LanguageModel(BaseTask):
                 f"{self.net.config.vocab_size}: token ids past it have no embedding. Let the model follow the data "
                 f"(model.vocab_size=${{data.vocab_size}}, the default) or set model.vocab_size>={vocab}."
             )
+        objective = getattr(dm, "objective", self.objective)
+        if objective != self.objective:
+            raise UserError(f"data.objective={objective}, but {type(self).__name__} trains the {self.objective} "
+                            f"objective: remove the data.objective override (the data follows model.objective).")
         if meta.get(self.length_key) is not None:
             check_length(int(meta[self.length_key]), self.max_positions, f"model.{self.length_key}")
-        if self.tokenizer_json is None and hasattr(dm, "model_extras"):
-            self.tokenizer_json = dm.model_extras().get("tokenizer")
+        data_tokenizer = dm.model_extras().get("tokenizer") if hasattr(dm, "model_extras") else None
+        if self.tokenizer_json is None:
+            self.tokenizer_json = data_tokenizer
+        elif data_tokenizer is not None and not same_vocabulary(self.tokenizer, tokenizer_from_json(data_tokenizer)):
+            raise UserError(
+                "the data was tokenized with another vocabulary than the model's: the checkpoint's tokenizer was "
+                "learned on its own training corpus, and these files (or tokenizer settings) gave a different one, "
+                "so token ids would mean other text. Evaluate or continue on data with the same corpus and "
+                "data.tokenizer settings as the run that wrote the checkpoint."
+            )
 
     def flops_per_sample(self) -> float | None:
         return self.net.flops_per_token(self.max_positions) * self.max_positions
+
+    def flops_of(self, batch) -> float:
+        """Training FLOPs of one batch, from its real sequence length (shorter than the positional table)."""
+        B, T = self.input_ids(batch).shape
+        return self.net.flops_per_token(T) * B * T
+
+    def tokens_of(self, batch) -> int:
+        return int(self.input_ids(batch).numel())
 
     # ---- evaluation bookkeeping
     def _eval_update(self, stage: str, loss: torch.Tensor, weight: torch.Tensor | float = 1.0,
@@ -134,14 +154,14 @@ class CausalLM(_LanguageModel):
     def validation_step(self, batch, batch_idx):
         if batch_idx == 0:
             self._first_val_ids = batch[0][:1, :1].detach()
-        self._eval_update("val", self._loss(batch))
+        self._eval_update("val", self._loss(batch), batch[1].numel())  # a mean over tokens, the last batch too
 
     def test_step(self, batch, batch_idx):
-        self._eval_update("test", self._loss(batch))
+        self._eval_update("test", self._loss(batch), batch[1].numel())
 
     @staticmethod
-    def tokens_of(batch) -> int:
-        return int(batch[0].numel())
+    def input_ids(batch) -> torch.Tensor:
+        return batch[0]
 
     # ---- sampling
     def prompt_ids(self, prompt: str | None) -> torch.Tensor:
@@ -164,8 +184,12 @@ class CausalLM(_LanguageModel):
         self.net.eval()
         rows = []
         try:
+            idx = self.prompt_ids(h.sample_prompt)
+        except UserError as e:
+            log.warning("model.sample_prompt: %s Sampling from the first validation token instead.", e)
+            idx = self.prompt_ids(None)
+        try:
             for i in range(int(h.num_samples)):
-                idx = self.prompt_ids(h.sample_prompt)
                 out = self.net.generate(idx, int(h.sample_tokens), h.sample_temperature, h.sample_top_k)
                 text = self.tokenizer.decode(out[0].tolist())
                 log.info("sample %d at step %d:\n%s", i + 1, self.global_step, text)
@@ -179,15 +203,17 @@ class CausalLM(_LanguageModel):
         """Streams `num_samples` continuations of `prompt` to stdout; returns them."""
         if self.tokenizer is None:
             raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text data.")
-        prompt = cfg.get("prompt") if cfg.get("prompt") is not None else "\n"
-        max_new = int(cfg.get("max_new_tokens") or 500)
-        temperature = float(cfg.get("temperature") if cfg.get("temperature") is not None else 0.8)
-        top_k = cfg.get("top_k")
+        prompt = cfg.get("prompt")
+        if prompt is None:  # start from a newline, as nanoGPT's sample.py, where the tokenizer has one
+            prompt = "\n" if _encodes(self.tokenizer, "\n") else ""
+        max_new = int(_given(cfg, "max_new_tokens", 500))
+        temperature = float(_given(cfg, "temperature", 0.8))
+        top_k = int(_given(cfg, "top_k", 200))
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(int(cfg.get("seed") if cfg.get("seed") is not None else 1337))
+        gen.manual_seed(int(_given(cfg, "seed", 1337)))
         idx = self.prompt_ids(prompt)
         texts = []
-        for n in range(int(cfg.get("num_samples") or 1)):
+        for n in range(int(_given(cfg, "num_samples", 1))):
             new_ids: list[int] = []
             shown = ""
             print(prompt, end="", flush=True)
@@ -249,8 +275,8 @@ class MaskedLM(_LanguageModel):
         self._eval_update("test", loss, n.float(), acc)
 
     @staticmethod
-    def tokens_of(batch) -> int:
-        return int(batch["input_ids"].numel())
+    def input_ids(batch) -> torch.Tensor:
+        return batch["input_ids"]
 
     def log_samples(self) -> None:
         b, tok = self._sample_batch, self.tokenizer
@@ -287,11 +313,12 @@ class MaskedLM(_LanguageModel):
             ids.extend(tok.encode(piece) if piece.strip() or tok.kind == "char" else [])
         ids.append(tok.special_id(SEP, "predict.py"))
         if len(ids) > self.max_positions:
-            check_length(len(ids), self.max_positions, "model.max_length")
+            raise UserError(f"text= is {len(ids)} tokens with [CLS] and [SEP], but this model reads at most "
+                            f"{self.max_positions} (model.max_length): give a shorter text.")
         x = torch.tensor([ids], device=self.device)
         with torch.inference_mode():
             probs = self(x, torch.ones_like(x)).float().softmax(-1)[0]  # (T, V)
-        k = int(cfg.get("top_k") or 5)
+        k = int(_given(cfg, "top_k", 5))
         fills, best = [], list(ids)
         for pos in (x[0] == mask_id).nonzero().flatten().tolist():
             p, i = probs[pos].topk(k)
@@ -301,6 +328,23 @@ class MaskedLM(_LanguageModel):
                   flush=True)
         print(f"filled: {_show(tok, best[1:-1])}", flush=True)
         return fills
+
+
+def _given(cfg, key: str, default):
+    """cfg[key] unless it is missing or null (0 is a value)."""
+    value = cfg.get(key)
+    return default if value is None else value
+
+
+def _encodes(tok: TextTokenizer, text: str) -> bool:
+    try:
+        return bool(tok.encode(text))
+    except UserError:
+        return False
+
+
+def same_vocabulary(a: TextTokenizer, b: TextTokenizer) -> bool:
+    return a.vocab_size == b.vocab_size and all(a.id_to_token(i) == b.id_to_token(i) for i in range(a.vocab_size))
 
 
 def _show(tok: TextTokenizer, ids: list[int]) -> str:
