@@ -91,6 +91,13 @@ def test_user_errors_print_one_paragraph_without_traceback(tmp_path, log_env):
     assert "attnlab: error: MNIST files not found in" in out.stdout and "Traceback" not in out.stdout
     out = run_cli("eval.py", f"ckpt_path={tmp_path}/none.ckpt", env=log_env)
     assert out.returncode == 2 and "does not exist" in out.stdout and "Traceback" not in out.stdout
+    for script in ("eval.py", "predict.py"):
+        out = run_cli(script, env=log_env)
+        assert out.returncode == 2 and f"{script} needs a checkpoint: ckpt_path=" in out.stdout, out.stdout[-2000:]
+    fake = tmp_path / "fake.ckpt"
+    fake.write_bytes(b"not read: the device is refused first")
+    out = run_cli("predict.py", f"ckpt_path={fake}", "device=cuda", env=log_env | {"CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 2 and "device=cuda, but this machine has no CUDA GPU" in out.stdout
 
 
 def test_ddp_cpu_two_processes_one_run_directory(tmp_path, log_env):

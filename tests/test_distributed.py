@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from conftest import compose_cfg, run_cli
 
@@ -48,3 +51,39 @@ def test_fsdp_composes_and_wraps_each_transformer_block(tmp_path):
     assert Block in wrapped  # each timm ViT block is its own FSDP unit
     with pytest.raises(ValueError, match="requires a GPU accelerator"):  # the reason it is not run on CPU here
         L.Trainer(accelerator="cpu", devices=1, strategy=FSDPStrategy(), logger=False)
+
+
+def test_flop_count_leaves_an_fsdp_model_checkpointable(monkeypatch):
+    """FSDP runs on CPU in torch 2.14 when given device_id=cpu (gloo, world size 1, so NO_SHARD)."""
+    from timm.models.vision_transformer import Block
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, StateDictType
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from attnlab.callbacks.throughput import Throughput
+    from attnlab.tasks.classification import ImageClassifier
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        task = ImageClassifier(num_classes=10, img_size=8, in_chans=1)
+        cb = Throughput()
+        cb.setup(None, task, "fit")  # Lightning calls callbacks' setup before the strategy wraps the model
+        assert cb._flops and cb._flops > 0
+        bf16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
+        model = FSDP(task, auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=bf16,
+                     device_id=torch.device("cpu"), use_orig_params=True)  # as Lightning's FSDPStrategy
+        x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+        with torch.no_grad():
+            model(x)
+        with pytest.raises(RuntimeError):  # counting through FSDP units is refused, not attempted
+            task.flops_per_sample()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        for kind in (StateDictType.FULL_STATE_DICT, StateDictType.SHARDED_STATE_DICT):
+            with FSDP.state_dict_type(model, kind):
+                assert "net.blocks.0.norm1.weight" in model.state_dict()
+    finally:
+        dist.destroy_process_group()

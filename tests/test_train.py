@@ -24,6 +24,7 @@ def _ckpt(tmp_path: Path, name="last.ckpt") -> Path:
 def test_fast_dev_run_of_each_experiment(tmp_path, experiment):
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.batch_size=8", *FAST], tmp_path)
     train(cfg)  # one batch of train, val and test
+    assert not list(tmp_path.rglob("*.ckpt"))  # a smoke test leaves no checkpoint for ckpt_path=last to find
 
 
 def test_imagenet_experiment_stops_at_the_missing_files(tmp_path):
@@ -171,3 +172,29 @@ def test_progress_bar_describes_the_budget(max_epochs, max_steps, expected):
                         enable_checkpointing=False)
     bar.setup(trainer, None, "fit")
     assert bar._get_train_description(3).strip() == expected
+
+
+def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path):
+    base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
+            "trainer.max_epochs=1", *FAST]
+    first = train(compose_cfg(base, tmp_path))
+    before = (tmp_path / "metrics.json").read_text()
+    again = train(compose_cfg(base, tmp_path))                      # e.g. a requeued job that had finished
+    assert again == first and (tmp_path / "metrics.json").read_text() == before
+    with pytest.raises(UserError, match=r"model differs from this one \(model.label_smoothing: 0.1 -> 0.2\).*"
+                                        r"resume=false"):
+        train(compose_cfg([*base, "model.label_smoothing=0.2"], tmp_path))
+    with pytest.raises(UserError, match=r"holds a run of task .*ImageClassifier.*CausalLM.*own directory"):
+        train(compose_cfg(["experiment=gpt_shakespeare_char_cpu", *base], tmp_path))
+    assert (tmp_path / "metrics.json").read_text() == before
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["train=false"], r"train=false tests a trained model, but no ckpt_path was given"),
+    (["trainer=cpu", "trainer.precision=16-mixed"], r"trainer.precision=16-mixed \(float16\) needs a GPU"),
+    (["experiment=gpt_shakespeare_char_cpu", "scheduler=onecycle"],
+     r"scheduler=onecycle does not take warmup, min_lr_ratio .*~scheduler.warmup ~scheduler.min_lr_ratio"),
+])
+def test_settings_that_cannot_work_are_refused_before_training(tmp_path, overrides, message):
+    with pytest.raises(UserError, match=message):
+        train(compose_cfg([*overrides, "debug=fdr", *FAST], tmp_path))

@@ -65,3 +65,29 @@ def check_compatible(cfg: DictConfig) -> None:
         f"{', '.join(compatible) or 'none'}. Pick one of them (e.g. data={compatible[0] if compatible else '...'}) "
         f"or a model that takes '{kind}' data."
     )
+
+
+def check_schedule_keys(cfg: DictConfig) -> None:
+    """Refuse scheduler settings the chosen schedule does not take (an experiment's cosine `warmup` left over after
+    `scheduler=onecycle`, a typo), before any data is prepared."""
+    import inspect
+
+    from hydra.utils import get_method
+
+    sched = cfg.get("scheduler")
+    if not sched or not sched.get("_target_"):
+        return
+    params = inspect.signature(get_method(sched._target_)).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    extra = [k for k in sched if not str(k).startswith("_") and k not in params]
+    if extra:
+        from hydra.core.hydra_config import HydraConfig
+
+        name = HydraConfig.get().runtime.choices.get("scheduler") if HydraConfig.initialized() else sched._target_
+        takes = [k for k in params if k not in ("optimizer", "total_steps")]
+        raise UserError(
+            f"scheduler={name} does not take {', '.join(extra)} (it takes {', '.join(takes)}); an experiment config "
+            f"may have set it for its own schedule. Remove it on the command line ("
+            + " ".join(f"~scheduler.{k}" for k in extra) + ") or choose a schedule that takes it."
+        )

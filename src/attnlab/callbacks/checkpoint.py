@@ -80,6 +80,10 @@ class ModelCheckpoint(_ModelCheckpoint):
         if self._should_save_on_train_epoch_end(trainer):
             self._save_last_now(trainer)
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        if not trainer.fast_dev_run:  # Lightning's own hook would write last.ckpt even for a fast_dev_run
+            super().on_train_end(trainer, pl_module)
+
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)) and not trainer.sanity_checking:
             self._save_last_now(trainer)

@@ -21,13 +21,21 @@ class Throughput(L.Callback):
         self._flops: float | None = None
         self._peak: float | None = None
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        from attnlab.utils.flops import device_peak_flops
-
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # FLOPs are counted here, before the strategy wraps the model: a forward through the network of an
+        # FSDP-wrapped module bypasses the root FSDP unit, and one that fails midway (bf16-mixed: fp32 activations
+        # reach the bf16 parameters of a block) leaves that block's parameters unregistered, so the first
+        # checkpoint fails ("FSDP assumes ...blocks.0.norm1.weight is in the state_dict").
+        if stage != "fit":
+            return
         try:
             self._flops = pl_module.flops_per_sample() if hasattr(pl_module, "flops_per_sample") else None
         except Exception:  # FLOP counting is best-effort: an exotic backbone must not stop training
             self._flops = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from attnlab.utils.flops import device_peak_flops
+
         self._peak = device_peak_flops(pl_module.device, trainer.precision) if self._flops else None
         self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch starts with no epoch start
 

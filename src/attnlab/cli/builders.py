@@ -100,6 +100,15 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
 def check_devices(trainer_cfg) -> None:
     """Refuse a GPU request this machine cannot serve, before Lightning fails somewhere deeper."""
     accel, devices = str(trainer_cfg.get("accelerator", "auto")), trainer_cfg.get("devices", 1)
+    precision = str(trainer_cfg.get("precision", "32-true"))
+    on_cpu = accel == "cpu" or (accel == "auto" and not torch.cuda.is_available())
+    if on_cpu and precision.startswith("16"):
+        raise UserError(f"trainer.precision={precision} (float16) needs a GPU; this run is on the CPU, where "
+                        "Lightning would switch to bf16-mixed, hundreds of times slower than 32-true on most CPUs. "
+                        "Use trainer.precision=32-true on the CPU.")
+    if on_cpu and precision.startswith("bf16"):
+        log.warning("trainer.precision=%s on the CPU: most CPUs run bfloat16 far slower than float32 "
+                    "(trainer.precision=32-true)", precision)
     if accel not in ("gpu", "cuda"):
         return
     available = torch.cuda.device_count()
@@ -150,6 +159,14 @@ def find_last_checkpoint(log_dir: Path, task_name: str | None = None) -> Path | 
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+def required_checkpoint(cfg: DictConfig, script: str) -> str:
+    """The checkpoint eval.py / predict.py work on, which the user must name."""
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
+        raise UserError(f"{script} needs a checkpoint: ckpt_path=<run dir>/checkpoints/last.ckpt (or best), or "
+                        "ckpt_path=last for the newest run's.")
+    return resolve_checkpoint(cfg.ckpt_path, cfg.paths.log_dir)
+
+
 def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | None = None) -> str | None:
     if not ckpt_path:
         return None
@@ -161,7 +178,7 @@ def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | Non
                 f"ckpt_path=last: no last.ckpt under {where}. Train first, or give the checkpoint's path "
                 "(ckpt_path=logs/<task>/runs/<time>/checkpoints/last.ckpt)."
             )
-        log.info("resuming from %s", last)
+        log.info("ckpt_path=last: %s", last)
         return str(last)
     path = Path(ckpt_path)
     if not path.is_file():
@@ -199,16 +216,42 @@ def read_run_metadata(ckpt_path: str) -> dict:
     if not meta:
         raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "
                         "give a checkpoint from <run dir>/checkpoints/.")
-    return meta
+    return dict(meta) | {"global_step": ckpt.get("global_step")}
 
 
-def check_same_task(meta: dict, model_target: str, ckpt_path: str) -> None:
+def check_same_task(meta: dict, model_target: str, ckpt_path: str, run_dir: bool = False) -> None:
     ckpt_target = meta["config"]["model"]["_target_"]
-    if ckpt_target != model_target:
+    if ckpt_target == model_target:
+        return
+    if run_dir:
         raise UserError(
-            f"checkpoint {ckpt_path} was trained by task {ckpt_target}, but this run's model config uses "
-            f"{model_target}. Pick the model config of that checkpoint's run (its config is in the run's "
-            ".hydra/config.yaml), or start without ckpt_path."
+            f"this run directory holds a run of task {ckpt_target} ({ckpt_path}), which resume=true would "
+            f"continue, but this run's model config uses {model_target}. Give the run its own directory (leave "
+            "hydra.run.dir out, or pick a new one), or resume=false to start over here (its checkpoints are replaced)."
+        )
+    raise UserError(
+        f"checkpoint {ckpt_path} was trained by task {ckpt_target}, but this run's model config uses "
+        f"{model_target}. Pick the model config of that checkpoint's run (its config is in the checkpoint, and "
+        "in the run's config.yaml), or start without ckpt_path."
+    )
+
+
+def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:
+    """An auto-resumed run must build the model the run directory's checkpoint holds."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out |= flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+        return out
+
+    before, now = flat(meta["config"]["model"]), flat(model_cfg)
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k != "compile")
+    if changed:
+        shown = ", ".join(f"model.{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:6])
+        raise UserError(
+            f"this run directory holds a run whose model differs from this one ({shown}), and resume=true would "
+            f"continue it from {ckpt_path}. Give the new run its own directory (leave hydra.run.dir out, or pick a "
+            "new one), or resume=false to start over here (its checkpoints are replaced)."
         )
 
 

@@ -1,4 +1,4 @@
-"""python eval.py ckpt_path=<path|last> [split=test|val] [data.<key>=...]"""
+"""python eval.py ckpt_path=<path|last> [split=test|val] [+data.<key>=...]"""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     log = logging.getLogger("attnlab")
     if cfg.split not in ("test", "val"):
         raise UserError(f"split={cfg.split} is not a split eval.py knows: use split=test or split=val.")
-    ckpt = builders.resolve_checkpoint(cfg.ckpt_path, cfg.paths.log_dir)
+    ckpt = builders.required_checkpoint(cfg, "eval.py")
     meta = builders.read_run_metadata(ckpt)
     run_cfg = OmegaConf.create(meta["config"])
     L.seed_everything(run_cfg.get("seed", cfg.seed), workers=True)
@@ -42,7 +42,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model = builders.load_task(ckpt, meta)
     trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg))
     run = trainer.test if cfg.split == "test" else trainer.validate
-    metrics = {k: float(v) for k, v in run(model, datamodule=dm, verbose=True)[0].items()}
+    metrics = {k: float(v) for k, v in run(model, datamodule=dm, verbose=True)[0].items()
+               if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint
     out = Path(cfg.paths.output_dir)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     log.info("evaluated %s on the %s split: %s (written to %s)", ckpt, cfg.split,

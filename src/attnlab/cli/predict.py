@@ -46,12 +46,17 @@ def predict(cfg: DictConfig):
 
     from attnlab.cli import builders
 
-    ckpt = builders.resolve_checkpoint(cfg.ckpt_path, cfg.paths.log_dir)
-    meta = builders.read_run_metadata(ckpt)
-    model = builders.load_task(ckpt, meta)
-    device = cfg.get("device", "auto")
+    from attnlab.errors import UserError
+
+    ckpt = builders.required_checkpoint(cfg, "predict.py")
+    device = str(cfg.get("device", "auto"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={device}, but this machine has no CUDA GPU visible to PyTorch: use device=cpu "
+                        "(or device=auto, which takes a GPU when there is one).")
+    meta = builders.read_run_metadata(ckpt)
+    model = builders.load_task(ckpt, meta)
     model = model.to(device).eval()
     return model.predict_cli(cfg, OmegaConf.create(meta["config"]))
 

@@ -11,13 +11,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.cli import builders
 from attnlab.cli.app import save_resolved_config
-from attnlab.config import check_compatible
+from attnlab.config import check_compatible, check_schedule_keys
+from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
 
 
 def train(cfg: DictConfig) -> float | None:
     check_compatible(cfg)  # before anything heavy
+    check_schedule_keys(cfg)
     import lightning as L
 
     from attnlab.callbacks.resume import ResumeDataPosition
@@ -28,18 +30,23 @@ def train(cfg: DictConfig) -> float | None:
     out_dir = Path(cfg.paths.output_dir)
 
     ckpt_path = builders.resolve_checkpoint(cfg.get("ckpt_path"), cfg.paths.log_dir, cfg.task_name)
-    if not ckpt_path and cfg.get("train", True):
-        ckpt_path = builders.checkpoint_in_run_dir(cfg)
-    wandb_id = None
+    if not cfg.get("train", True) and not ckpt_path:
+        raise UserError("train=false tests a trained model, but no ckpt_path was given: add "
+                        "ckpt_path=<run dir>/checkpoints/best.ckpt (or ckpt_path=last), or drop train=false.")
+    in_run_dir = not ckpt_path and cfg.get("train", True) and builders.checkpoint_in_run_dir(cfg)
+    ckpt_path = ckpt_path or in_run_dir or None
+    meta = {}
     if ckpt_path:
         meta = builders.read_run_metadata(ckpt_path)
-        builders.check_same_task(meta, cfg.model._target_, ckpt_path)
-        wandb_id = meta.get("wandb_run_id")
+        builders.check_same_task(meta, cfg.model._target_, ckpt_path, run_dir=bool(in_run_dir))
 
     dm = builders.build_datamodule(cfg.data)
     model = builders.build_task(cfg, dm)
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    if in_run_dir:
+        builders.check_same_model(meta, resolved["model"], ckpt_path)
     save_resolved_config(cfg, out_dir / "config.yaml")
+    wandb_id = meta.get("wandb_run_id")
 
     loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id, resuming=bool(ckpt_path))
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition()]
@@ -50,6 +57,8 @@ def train(cfg: DictConfig) -> float | None:
 
     if cfg.get("train", True):
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
+            return _finished_already(cfg, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
 
     test_metrics = {}
@@ -65,6 +74,17 @@ def train(cfg: DictConfig) -> float | None:
     metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
     if trainer.is_global_zero:
         _report(cfg, metrics, trainer, out_dir)
+    value = metrics.get(cfg.get("optimized_metric") or "")
+    return None if value is None or math.isnan(value) else value
+
+
+def _finished_already(cfg: DictConfig, out_dir: Path, step: int) -> float | None:
+    """A run started again in the directory of a run that had finished: nothing to do, its results stand."""
+    import json
+
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    log.info("this run directory holds a finished run (step %d): nothing left to train; its results in %s stand "
+             "(resume=false starts over)", step, out_dir / "metrics.json")
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value
 

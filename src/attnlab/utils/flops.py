@@ -17,8 +17,12 @@ _GPU_BF16_PEAK = {
 
 def training_flops_per_sample(net: nn.Module, sample_shape: tuple[int, ...], dtype=torch.float32) -> float:
     """Forward FLOPs of one sample counted by torch's FlopCounterMode, times 3 for forward + backward."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.utils.flop_counter import FlopCounterMode
 
+    if any(isinstance(m, FullyShardedDataParallel) for m in net.modules()):
+        # running FSDP units outside the root's forward corrupts their state (see callbacks.Throughput.setup)
+        raise RuntimeError("FLOPs are not counted through FSDP-wrapped modules: count them before wrapping")
     param = next(net.parameters())
     x = torch.zeros((1, *sample_shape), device=param.device, dtype=dtype)
     was_training = net.training
