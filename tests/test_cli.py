@@ -50,7 +50,7 @@ def test_make_train_reaches_97_percent_and_writes_the_run(default_run):
     assert metrics["test/acc"] * 100 == pytest.approx(acc, abs=0.01)
     assert metrics["val/acc_best"] >= metrics["val/acc"]
     header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0]
-    for key in ("train/loss_step", "val/acc", "val/acc_best", "lr", "perf/samples_per_s", "perf/mfu"):
+    for key in ("train/loss", "val/acc", "val/acc_best", "lr", "perf/samples_per_s", "perf/mfu"):
         assert key in header, key
 
 

@@ -50,6 +50,8 @@ def test_cifar10_from_the_offline_png_zips(tmp_path):
     assert dm.class_names[:3] == ["airplane", "automobile", "bird"] and dm.num_classes == 10
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (64, 3, 32, 32) and 0 <= int(y.min()) and int(y.max()) <= 9
+    _, y = next(iter(dm.test_dataloader()))
+    assert len(y.unique()) >= 8  # the first test batch mixes classes, so limit_test_batches samples them all
     cached = list(tmp_path.rglob("*.npz"))
     assert len(cached) == 1 and not list(root.glob("*.npz"))  # cache in the project's cache dir only
     again = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path))

@@ -102,7 +102,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     out = run(run_dir)  # the same command, into the same directory
     assert f"resuming from {last}" in out
     whole, resumed = _metrics(tmp_path / "whole"), _metrics(run_dir)
-    for key in ("val/loss", "val/acc", "test/acc", "test/loss", "train/loss_step"):
+    for key in ("val/loss", "val/acc", "test/acc", "test/loss", "train/loss"):
         assert resumed[key] == pytest.approx(whole[key], abs=1e-5), key
     assert torch.load(last, weights_only=False)["global_step"] == 2 * steps_per_epoch
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))

@@ -39,6 +39,9 @@ def test_any_timm_backbone_by_name(tmp_path):
     cfg = compose_cfg(["model.backbone=not_a_model_xyz", "debug=fdr", *FAST], tmp_path)
     with pytest.raises(UserError, match="not a timm model"):
         train(cfg)
+    cfg = compose_cfg(["model.backbone=convnext_tiny", "debug=fdr", *FAST], tmp_path)  # digits are 8 px
+    with pytest.raises(UserError, match="convnext_tiny cannot take 8 px images .*data=cifar10"):
+        train(cfg)
 
 
 def test_overfit_preset_memorizes_its_batches(tmp_path):

@@ -129,5 +129,7 @@ class CIFARDataModule(ImageDataModule):
         self.class_names = [str(n) for n in names]
         val_idx, train_idx = split_by_fraction(len(y_train), [self.val_fraction], self.seed)
         base = ArrayImages(x_train, y_train)
+        # PNG folders list the test set class by class: a fixed shuffle makes limit_test_batches a fair sample
+        order = np.random.default_rng(0).permutation(len(y_test))
         return (Transformed(base, train_idx, self.train_transform()), Transformed(base, val_idx, self.eval_transform()),
-                ArrayImages(x_test, y_test, transform=self.eval_transform()))
+                ArrayImages(x_test[order], y_test[order], transform=self.eval_transform()))

@@ -70,14 +70,14 @@ class BaseTask(L.LightningModule):
 
     # ---- the training loss
     def log_train_loss(self, loss: torch.Tensor, batch_size: int, epoch_mean: bool = False) -> None:
-        """`train/loss` (or `train/loss_step`, with `train/loss_epoch` the epoch's mean when epoch_mean), logged only on
-        the steps the loggers write (every trainer.log_every_n_steps): each self.log call costs Lightning about a
+        """`train/loss` (and, with epoch_mean, `train/loss_epoch`: the epoch's mean), logged only on the steps the
+        loggers write (every trainer.log_every_n_steps): each self.log call costs Lightning about a
         millisecond of bookkeeping, which shows next to a small model's step."""
         if epoch_mean:
             self.train_loss_mean.update(loss.detach(), batch_size)
         trainer = self.trainer
         if trainer._logger_connector.should_update_logs or trainer.fast_dev_run:
-            self.log("train/loss_step" if epoch_mean else "train/loss", loss, on_step=True, on_epoch=False,
+            self.log("train/loss", loss, on_step=True, on_epoch=False,
                      prog_bar=True, batch_size=batch_size)
 
     def on_train_epoch_end(self) -> None:

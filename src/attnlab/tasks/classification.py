@@ -29,11 +29,13 @@ def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: in
     args = dict(num_classes=num_classes, in_chans=in_chans, pretrained=pretrained, **kwargs)
     try:
         try:
-            return timm.create_model(backbone, img_size=img_size, **args)
+            net = timm.create_model(backbone, img_size=img_size, **args)
         except TypeError as e:  # convnets take no img_size
             if "img_size" not in str(e):
                 raise
-            return timm.create_model(backbone, **args)
+            net = timm.create_model(backbone, **args)
+        _check_small_input(net, backbone, in_chans, img_size)
+        return net
     except TypeError as e:
         raise UserError(
             f"timm model '{backbone}' rejects an argument: {e}. model.backbone_kwargs={kwargs} holds arguments for "
@@ -46,6 +48,25 @@ def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: in
                 "go online once (they are cached in ~/.cache/huggingface), or set model.pretrained=false."
             ) from e
         raise
+
+
+def _check_small_input(net: torch.nn.Module, backbone: str, in_chans: int, img_size: int | None) -> None:
+    """Images smaller than the backbone was designed for: one dry forward, so that a network whose downsampling
+    runs out of pixels (convnext on 8 px digits) says so now instead of failing inside the first training step."""
+    designed = (getattr(net, "pretrained_cfg", None) or {}).get("input_size", (0, 0, 0))[-1]
+    if not img_size or img_size >= designed:
+        return
+    try:
+        with torch.no_grad():
+            net.eval()(torch.zeros(1, in_chans, img_size, img_size))
+    except RuntimeError as e:
+        raise UserError(
+            f"model.backbone={backbone} cannot take {img_size} px images (it was designed for {designed} px; "
+            f"{str(e).splitlines()[0]}). Train it on larger images (e.g. data=cifar10 with data.image_size=32 or "
+            "more), or pick a backbone for small inputs (model=vit with a small patch size)."
+        ) from e
+    finally:
+        net.train()
 
 
 class ImageClassifier(BaseTask):
