@@ -17,6 +17,9 @@ def print_config_tree(cfg: DictConfig, save_to: Path | None = None) -> None:
     keys = [k for k in ORDER if k in cfg] + [k for k in cfg if k not in ORDER and k != "hydra"]
     for key in keys:
         branch = tree.add(key, style="bold", guide_style="dim")
+        if OmegaConf.is_missing(cfg, key):  # a required value the command line did not give: the app says which
+            branch.add(rich.syntax.Syntax("???", "yaml"))
+            continue
         node = cfg[key]
         text = OmegaConf.to_yaml(node, resolve=True) if isinstance(node, DictConfig) else str(node)
         branch.add(rich.syntax.Syntax(text, "yaml"))
