@@ -90,6 +90,33 @@ def test_beam_search_with_one_beam_is_greedy(name):
     assert beam_search(model, src, BOS, EOS, 15, beam_size=1) == greedy(model, src, BOS, EOS, 15)[0]
 
 
+class _PrefersSpecials:
+    """A model whose every step scores padding and BOS highest."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, src):
+        return self.model.start(src)
+
+    def step(self, tokens, state, return_attn=False):
+        logits, attn = self.model.step(tokens, state, return_attn)
+        return logits.index_add(1, torch.tensor([PAD, BOS]), torch.full((logits.shape[0], 2), 100.0)), attn
+
+    def reorder(self, *args, **kwargs):
+        return self.model.reorder(*args, **kwargs)
+
+
+def test_decoding_never_emits_padding_or_bos():
+    from attnlab.nn.decoding import decode
+
+    model = _PrefersSpecials(transformer())
+    for beam in (1, 3):
+        assert all(set(out) <= {PAD, BOS} for out in decode(model, source(), BOS, EOS, 6, beam_size=beam))
+        for out in decode(model, source(), BOS, EOS, 6, beam_size=beam, banned=(PAD, BOS)):
+            assert PAD not in out and BOS not in out
+
+
 def test_beam_search_finds_a_more_probable_translation_than_greedy():
     model, src = transformer(), source((7, 4, 9, 3, 12, 6))
 
@@ -127,8 +154,8 @@ def test_buckets_hold_similar_lengths_and_cover_every_sentence_once():
     assert spread < 3, f"a batch mixes lengths {spread:.1f} tokens apart on average"
     sampler.set_epoch(1)
     assert list(sampler) != batches  # reshuffled each epoch
-    budget = BucketBatchSampler(lengths, batch_size=10_000, max_tokens=600, seed=0)
-    assert all(len(b) * lengths[b].max() <= 600 for b in budget)
+    budget = BucketBatchSampler(lengths, batch_size=32, max_tokens=600, seed=0)  # the budget replaces batch_size
+    assert all(len(b) * lengths[b].max() <= 600 for b in budget) and max(len(b) for b in budget) > 32
     ranks = [list(BucketBatchSampler(lengths, 32, seed=0, num_replicas=2, rank=r)) for r in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) and not {i for b in ranks[0] for i in b} & {i for b in ranks[1] for i in b}
 
@@ -215,6 +242,15 @@ def test_predict_translates_a_sentence_and_a_file(trained, tmp_path, log_env):
     assert out.returncode == 0, out.stdout[-2000:]
     lines = [line for line in out.stdout.splitlines() if line.strip() and not line.startswith("[")]
     assert len(lines) == 3, out.stdout[-1000:]
+
+
+def test_eval_takes_decoding_settings(trained, tmp_path, log_env):
+    run_dir, _ = trained
+    ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
+    out = run_cli("eval.py", f"ckpt_path={ckpt}", "split=val", "decode.val_beam_size=2", "trainer.limit_val_batches=1",
+                  "extras.print_config=false", f"hydra.run.dir={tmp_path}/e", env=log_env)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "val BLEU" in out.stdout and "(beam 2," in out.stdout, out.stdout[-2000:]
 
 
 def test_a_translation_checkpoint_is_refused_by_an_image_model(trained, tmp_path, log_env):
@@ -338,3 +374,15 @@ def test_a_resumed_epoch_continues_at_the_batch_it_stopped_at():
     resumed = loader()
     resumed.load_state_dict(state)
     assert seen + list(resumed) == order and state["epoch"] == 2 and state["batches"] == 5
+
+
+def test_bad_alignment_settings_and_non_utf8_files_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match=r"model.alignment_layer=3, but the decoder has 2 layers"):
+        transformer(alignment_layer=3)
+    with pytest.raises(UserError, match=r"model.alignment_head=4, but there are 4 heads: give one of 0..3"):
+        transformer(alignment_head=4)
+    (tmp_path / "a.de").write_bytes("ein Fuß\n".encode("latin1"))
+    (tmp_path / "a.en").write_text("a foot\n", encoding="utf-8")
+    cfg = _parallel(tmp_path, f"[{tmp_path / 'a.de'},{tmp_path / 'a.en'}]")
+    with pytest.raises(UserError, match=r"a.de is not UTF-8 text .*iconv -f latin1 -t utf-8"):
+        train(cfg)

@@ -40,6 +40,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     data_cfg = OmegaConf.merge(run_cfg.data, cfg.get("data") or {})
     dm = builders.build_datamodule(data_cfg)
     model = builders.load_task(ckpt, meta)
+    decode = {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
+    if decode and not hasattr(model, "decode_cfg"):
+        raise UserError(f"decode.* settings ({', '.join(decode)}) are for translation checkpoints; this one is a "
+                        f"{type(model).__name__}: leave them out.")
+    if decode:
+        model.decode_cfg |= decode
     trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg))
     run = trainer.test if cfg.split == "test" else trainer.validate
     metrics = {k: float(v) for k, v in run(model, datamodule=dm, verbose=True)[0].items()

@@ -47,8 +47,15 @@ def clean_text(text: str, lowercase: bool = False, normalize: str | None = None)
 
 def _read_lines(path: Path) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f]
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): convert it, e.g. "
+                        f"`iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`.") from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise UserError(f"{path} is not a complete gzip file ({e}): download it again, or give it uncompressed "
+                        "without the .gz suffix.") from None
 
 
 def _check_exists(path: Path, hint: str) -> None:
@@ -258,7 +265,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         out, cur, longest = [], [], 0
         for i in idx.tolist():
             n = int(self.lengths[i])
-            if cur and (max(longest, n) * (len(cur) + 1) > self.max_tokens or len(cur) >= self.batch_size):
+            if cur and max(longest, n) * (len(cur) + 1) > self.max_tokens:  # the budget replaces batch_size
                 out.append(cur)
                 cur, longest = [], 0
             cur.append(i)

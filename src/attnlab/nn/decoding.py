@@ -7,11 +7,19 @@ import torch
 import torch.nn.functional as F
 
 
+def _ban(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
+    """Tokens an output must not contain (padding, BOS) get -inf, as in fairseq."""
+    if not banned:
+        return logits
+    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+
+
 @torch.no_grad()
-def greedy(model, src: torch.Tensor, bos: int, eos: int, max_len: int,
-           return_attn: bool = False) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-    """The most probable next token at each step. Returns the token ids of each sentence (without BOS/EOS),
-    and with return_attn the attention of each output token over the source, (T_out, S) per sentence."""
+def greedy(model, src: torch.Tensor, bos: int, eos: int, max_len: int, return_attn: bool = False,
+           banned: tuple[int, ...] = ()) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+    """The most probable next token at each step (never one of `banned`). Returns the token ids of each sentence
+    (without BOS/EOS), and with return_attn the attention of each output token over the source, (T_out, S) per
+    sentence."""
     state = model.start(src)
     B = src.shape[0]
     ys = torch.full((B, 1), bos, dtype=torch.long, device=src.device)   # (B, 1)
@@ -19,6 +27,7 @@ def greedy(model, src: torch.Tensor, bos: int, eos: int, max_len: int,
     attns = []
     for _ in range(max_len):
         logits, attn = model.step(ys[:, -1:], state, return_attn)        # (B, V), (B, S)
+        logits = _ban(logits, banned)
         nxt = logits.argmax(-1).masked_fill(done, eos)                   # (B,)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
         if return_attn and attn is not None:
@@ -37,7 +46,7 @@ def greedy(model, src: torch.Tensor, bos: int, eos: int, max_len: int,
 
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, bos: int, eos: int, max_len: int, beam_size: int = 5,
-                length_penalty: float = 1.0) -> list[list[int]]:
+                length_penalty: float = 1.0, banned: tuple[int, ...] = ()) -> list[list[int]]:
     """Beam search as in fairseq: each step keeps the `beam_size` best continuations of every sentence; a
     continuation ending in EOS that ranks among them is finished, scored by log-probability / length**
     length_penalty (EOS counted), and a sentence is done once it has `beam_size` finished hypotheses. With
@@ -55,7 +64,7 @@ def beam_search(model, src: torch.Tensor, bos: int, eos: int, max_len: int, beam
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
     for t in range(max_len):
         logits, _ = model.step(tokens[:, -1:], state)                     # (B*K, V)
-        logp = F.log_softmax(logits.float(), dim=-1)
+        logp = F.log_softmax(_ban(logits.float(), banned), dim=-1)
         V = logp.shape[-1]
         cand = (scores.view(-1, 1) + logp).view(B, K * V)                 # (B, K*V)
         top, idx = cand.topk(2 * K, dim=1)                                # (B, 2K): at most K end in EOS
@@ -91,7 +100,7 @@ def beam_search(model, src: torch.Tensor, bos: int, eos: int, max_len: int, beam
 
 
 def decode(model, src: torch.Tensor, bos: int, eos: int, max_len: int, beam_size: int = 1,
-           length_penalty: float = 1.0) -> list[list[int]]:
+           length_penalty: float = 1.0, banned: tuple[int, ...] = ()) -> list[list[int]]:
     if beam_size <= 1:
-        return greedy(model, src, bos, eos, max_len)[0]
-    return beam_search(model, src, bos, eos, max_len, beam_size, length_penalty)
+        return greedy(model, src, bos, eos, max_len, banned=banned)[0]
+    return beam_search(model, src, bos, eos, max_len, beam_size, length_penalty, banned)

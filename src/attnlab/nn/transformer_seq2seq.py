@@ -51,6 +51,13 @@ class TransformerSeq2Seq(nn.Module):
         super().__init__()
         self.config = c = config
         check_choices(c)
+        n_dec = c.n_dec_layer or c.n_layer
+        if not -n_dec <= c.alignment_layer < n_dec:
+            raise UserError(f"model.alignment_layer={c.alignment_layer}, but the decoder has {n_dec} layers: give one "
+                            f"of -{n_dec}..{n_dec - 1} (-1, the last, is the default).")
+        if c.alignment_head is not None and not 0 <= c.alignment_head < c.n_head:
+            raise UserError(f"model.alignment_head={c.alignment_head}, but there are {c.n_head} heads: give one of "
+                            f"0..{c.n_head - 1}, or null for their mean.")
         if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise UserError(
                 f"model.share_embeddings=true needs one vocabulary for both languages, but the source has "

@@ -120,9 +120,15 @@ class Translator(BaseTask):
     def translate(self, src: torch.Tensor, beam_size: int | None = None) -> list[str]:
         """Source ids (B, S) -> detokenized translations."""
         d = self.decode_cfg
+        beam = d["beam_size"] if beam_size is None else beam_size
         ids = decode(self.net, src, self.hparams.bos_id, self.hparams.eos_id, self._max_len(src),
-                     int(beam_size or d["beam_size"]), float(d["length_penalty"]))
+                     int(beam), float(d["length_penalty"]), self.banned)
         return [self.tokenizers[1].decode(i).strip() for i in ids]
+
+    @property
+    def banned(self) -> tuple[int, ...]:
+        """Tokens no translation may contain: padding and BOS."""
+        return (int(self.hparams.pad_id), int(self.hparams.bos_id))
 
     def _max_len(self, src: torch.Tensor) -> int:
         """Output tokens at most: decode.max_len, and max_len_a * source length + max_len_b (as fairseq)."""
@@ -196,7 +202,7 @@ class Translator(BaseTask):
         self.net.eval()
         try:
             ids, maps = greedy(self.net, src, self.hparams.bos_id, self.hparams.eos_id, self._max_len(src),
-                               return_attn=True)
+                               return_attn=True, banned=self.banned)
         finally:
             self.net.train(was_training)
         if maps is None or maps[0] is None or maps[0].numel() == 0 or maps[0].dim() < 2:
