@@ -170,6 +170,39 @@ def test_timm_backbone_under_each_head():
         Segmenter(arch="encoder_decoder", backbone="resnet18", head="fpn", num_classes=3, img_size=100)
 
 
+def test_swin_position_tables_get_no_weight_decay():
+    from attnlab.optim.param_groups import param_groups
+
+    model = Segmenter(arch="encoder_decoder", backbone="swin_tiny_patch4_window7_224", head="upernet",
+                      num_classes=3, img_size=64, backbone_kwargs={"depths": [1, 1, 1, 1], "embed_dim": 24,
+                                                                   "num_heads": [1, 1, 1, 1], "window_size": 2})
+    decayed, undecayed = param_groups(model, 0.05)
+    tables = {id(p) for n, p in model.named_parameters() if n.endswith("relative_position_bias_table")}
+    assert len(tables) == 4 and tables <= {id(p) for p in undecayed["params"]}
+    assert not tables & {id(p) for p in decayed["params"]}
+
+
+def test_predict_runs_at_the_evaluation_scale_and_writes_masks_at_the_image_size(tmp_path):
+    from omegaconf import OmegaConf
+
+    model = Segmenter(arch="unet", num_classes=3, in_chans=3, img_size=16, base_channels=4, depth=2,
+                      mean=[0.5] * 3, std=[0.5] * 3).eval()
+    seen = []
+    infer = model.infer
+    model.infer = lambda x: seen.append(tuple(x.shape[-2:])) or infer(x)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 30, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    (out,) = model.predict_cli(OmegaConf.create({"input": str(tmp_path / "a.png")}),
+                               OmegaConf.create({"data": {"eval_resize": 15}}))
+    assert seen == [(20, 15)] and Image.open(out).size == (30, 40)  # evaluated at 15 px short side, saved at 30x40
+
+
+def test_settings_the_segmenter_cannot_honour_are_refused():
+    with pytest.raises(UserError, match=r"model.ignore_index=0: the data marks unlabeled pixels .* data.label_map"):
+        Segmenter(arch="unet", num_classes=3, in_chans=1, img_size=64, base_channels=4, ignore_index=0)
+    with pytest.raises(UserError, match=r"data.image_size=8: a U-Net of model.depth=4 .* at least 16 px"):
+        Segmenter(arch="unet", num_classes=3, in_chans=1, img_size=8, base_channels=4, depth=4)
+
+
 # ---- data: the ISBI slices and bad folders
 
 

@@ -24,6 +24,8 @@ from attnlab.utils.seg_media import denormalize, overlay_grid, palette_png
 log = logging.getLogger("attnlab")
 
 ARCHS = ("unet", "encoder_decoder")
+# parameter names timm's no_weight_decay() hooks list (Swin, ViT, ConvNeXt-style backbones)
+NO_DECAY_LEAVES = {"relative_position_bias_table", "absolute_pos_embed", "pos_embed", "cls_token", "dist_token"}
 
 
 # ---- networks
@@ -164,6 +166,14 @@ class Segmenter(BaseTask):
         self.save_hyperparameters()
         if inference not in ("slide", "whole"):
             raise UserError(f"model.inference={inference}: use slide (tiles of the training crop size) or whole.")
+        if ignore_index != 255:
+            raise UserError(f"model.ignore_index={ignore_index}: the data marks unlabeled pixels (and the padding of "
+                            "crops) with 255, so that is the index the loss and metrics must ignore; map your own "
+                            "unlabeled value to 255 with data.label_map instead.")
+        if arch == "unet" and img_size < 2**depth:
+            raise UserError(f"data.image_size={img_size}: a U-Net of model.depth={depth} halves its input {depth} "
+                            f"times and needs crops of at least {2**depth} px; raise data.image_size or lower "
+                            "model.depth.")
         self.net, self.fixed_size, self.multiple = build_network(
             arch, num_classes, in_chans, img_size, base_channels=base_channels, depth=depth, batch_norm=batch_norm,
             dropout=dropout, backbone=backbone, head=head, pretrained=pretrained, backbone_kwargs=backbone_kwargs,
@@ -190,6 +200,11 @@ class Segmenter(BaseTask):
         self.test_iou: dict[str, float] = {}
 
     # ---- forward
+    def no_weight_decay(self) -> set[str]:
+        """The backbone's position tables (Swin's relative position bias, absolute position embeddings): smp's
+        feature wrapper hides timm's own `no_weight_decay()`, so they are found by name."""
+        return {n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1] in NO_DECAY_LEAVES}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_net(x)  # (B, C, h, w) -> (B, K, h, w)
 
@@ -317,6 +332,7 @@ class Segmenter(BaseTask):
         h = self.hparams
         mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
         std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
+        resize = (run_cfg.get("data") or {}).get("eval_resize") if run_cfg is not None else None
         written = []
         with torch.inference_mode():
             for path in files:
@@ -327,7 +343,15 @@ class Segmenter(BaseTask):
                 arr = np.array(img.convert("L" if h.in_chans == 1 else "RGB"))
                 x = torch.from_numpy(arr.reshape(*arr.shape[:2], -1)).permute(2, 0, 1).float() / 255.0
                 x = ((x - mean) / std)[None].to(self.device)  # (1, C, H, W)
-                mask = self.infer(x).argmax(1)[0].cpu().numpy()  # (H, W)
+                H, W = x.shape[-2:]
+                if resize and min(H, W) != resize:  # the scale evaluation used, then back to the image's own size
+                    scale = resize / min(H, W)
+                    x = F.interpolate(x, size=(round(H * scale), round(W * scale)), mode="bilinear",
+                                      align_corners=False)
+                logits = self.infer(x)
+                if logits.shape[-2:] != (H, W):
+                    logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
+                mask = logits.argmax(1)[0].cpu().numpy()  # (H, W)
                 out = path.with_name(f"{path.stem}_mask.png")
                 palette_png(mask, self.palette).save(out)
                 counts = np.bincount(mask.ravel(), minlength=h.num_classes) / mask.size
