@@ -158,6 +158,8 @@ def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):
     assert len(payload["val/samples"].data[0][2]) == 6 and "model.sample_prompt" in caplog.text
     texts = model.predict_cli(OmegaConf.create({"max_new_tokens": 0, "num_samples": 2}), None)
     assert texts == ["", ""]                                        # 0 is a value: no new tokens, two samples
+    with pytest.raises(UserError, match='a GPT checkpoint continues a prompt: give prompt="..."'):
+        model.predict_cli(OmegaConf.create({"input": "images/"}), None)
 
 
 def test_masked_lm_text_longer_than_the_model_says_shorten_it():

@@ -278,6 +278,10 @@ def test_predict_writes_reconstructions(pretrained, tmp_path):
                               tmp_path / "pred", config_name="predict"))
     assert out == tmp_path / "pred" / "reconstructions.png"
     assert Image.open(out).size == (3 * (96 + 2) + 2, 3 * (96 + 2) + 2)  # 3 images x (original, masked, recon)
+    out = predict(compose_cfg([f"ckpt_path={pretrained / 'checkpoints' / 'last.ckpt'}", f"input={src}",
+                               "batch_size=2"], tmp_path / "pred2", config_name="predict"))
+    assert Image.open(out).size[1] == 2 * (96 + 2) + 2                 # a grid per batch of 2 images
+    assert Image.open(tmp_path / "pred2" / "reconstructions_2.png").size[1] == 96 + 2 + 2
 
 
 def test_fine_tune_and_linear_probe_from_the_pretraining_checkpoint(pretrained, tmp_path):

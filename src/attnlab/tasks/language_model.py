@@ -201,6 +201,9 @@ class CausalLM(_LanguageModel):
     # ---- predict.py
     def predict_cli(self, cfg, run_cfg) -> list[str]:
         """Streams `num_samples` continuations of `prompt` to stdout; returns them."""
+        if cfg.get("input") or cfg.get("text"):
+            raise UserError('a GPT checkpoint continues a prompt: give prompt="..." (input= and text= are for image, '
+                            "translation and masked-LM checkpoints).")
         if self.tokenizer is None:
             raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text data.")
         prompt = cfg.get("prompt")

@@ -133,7 +133,8 @@ class MAEPretrainer(BaseTask):
 
     # ---- predict.py
     def predict_cli(self, cfg, run_cfg) -> Path:
-        """Writes reconstructions.png (original | masked | reconstruction per image of `input`) to the output dir."""
+        """Writes reconstructions.png (original | masked | reconstruction per image of `input`; one more grid per
+        `batch_size` images) to the output dir."""
         from PIL import Image
 
         from attnlab.data.images import FileImages, image_files
@@ -143,14 +144,19 @@ class MAEPretrainer(BaseTask):
         files = image_files(cfg.get("input"))
         images = FileImages([(str(f), -1) for f in files], h.in_chans,
                             eval_transform(h.img_size, h.in_chans, dict(run_cfg.data.get("augment") or {})))
-        x = torch.stack([images[i][0] for i in range(len(images))]).to(self.device)
-        with torch.inference_mode():
-            _, pred, mask = self(x, noise=self.fixed_noise(x.shape[0], 0))
-        out = Path(cfg.paths.output_dir) / "reconstructions.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(self.reconstruction_grid(x, pred, mask)).save(out)
-        print(f"{len(files)} image(s): original | masked input | reconstruction written to {out}", flush=True)
-        return out
+        out_dir = Path(cfg.paths.output_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        batch, written = int(cfg.get("batch_size") or 64), []
+        for k, start in enumerate(range(0, len(images), batch)):  # one grid per batch of images
+            x = torch.stack([images[i][0] for i in range(start, min(start + batch, len(images)))]).to(self.device)
+            with torch.inference_mode():
+                _, pred, mask = self(x, noise=self.fixed_noise(x.shape[0], 0))
+            out = out_dir / ("reconstructions.png" if k == 0 else f"reconstructions_{k + 1}.png")
+            Image.fromarray(self.reconstruction_grid(x, pred, mask)).save(out)
+            written.append(out)
+        print(f"{len(files)} image(s): original | masked input | reconstruction written to "
+              f"{', '.join(map(str, written))}", flush=True)
+        return written[0]
 
 
 # ---- fine-tuning: the MAE encoder into a timm ViT

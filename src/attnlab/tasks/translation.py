@@ -270,7 +270,12 @@ class Translator(BaseTask):
         for start in range(0, len(lines), int(cfg.get("batch_size") or 64)):
             chunk = lines[start : start + int(cfg.get("batch_size") or 64)]
             texts = [clean_text(t.strip(), bool(data.get("lowercase")), data.get("normalize")) for t in chunk]
-            ids = [src_tok.encode(t)[: limit - 1] + [self.hparams.eos_id] for t in texts]
+            encoded = [src_tok.encode(t) for t in texts]
+            for n, e in enumerate(encoded):
+                if len(e) > limit - 1:
+                    log.warning("line %d is %d tokens, longer than the model reads (%d): its end is left out",
+                                start + n + 1, len(e), limit - 1)
+            ids = [e[: limit - 1] + [self.hparams.eos_id] for e in encoded]
             src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True,
                                                   padding_value=self.hparams.pad_id).to(self.device)
             with torch.inference_mode():
