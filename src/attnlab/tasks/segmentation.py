@@ -178,6 +178,9 @@ class Segmenter(BaseTask):
             arch, num_classes, in_chans, img_size, base_channels=base_channels, depth=depth, batch_norm=batch_norm,
             dropout=dropout, backbone=backbone, head=head, pretrained=pretrained, backbone_kwargs=backbone_kwargs,
             head_kwargs=head_kwargs)
+        if self.fixed_size and inference == "whole":
+            log.warning("model.inference=whole: model.backbone=%s takes only %d px inputs, so larger images are "
+                        "still evaluated in sliding windows", backbone, img_size)
         if img_size % self.multiple:
             raise UserError(f"data.image_size={img_size}: model.backbone={backbone} with model.head={head} needs crops "
                             f"whose side is a multiple of {self.multiple}; set data.image_size="
