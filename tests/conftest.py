@@ -16,16 +16,24 @@ from omegaconf import DictConfig, open_dict
 from attnlab.config import CONF_DIR, register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("ATTNLAB_DATA_DIR", ROOT.parent / "shared" / "data"))
+# the real datasets: `make data` lays them out in ./data; the Makefile points here at ../shared/data when it exists
+DATA_DIR = Path(os.environ.get("ATTNLAB_DATA_DIR") or ROOT / "data")
+# CI has every dataset: there a missing one fails its tests instead of skipping them
+REQUIRE_DATA = os.environ.get("ATTNLAB_REQUIRE_DATA", "") not in ("", "0")
 
 register_resolvers()
 
 
-def shared(name: str) -> Path:
-    """A folder of the offline datasets; the tests that need it fail (not skip) when it is absent."""
-    path = SHARED_DATA / name
-    assert path.exists(), f"offline dataset {path} missing: set ATTNLAB_DATA_DIR to the shared data folder"
-    return path
+def real_data(name: str) -> Path:
+    """A real dataset under ATTNLAB_DATA_DIR, for the tests that train on it. Without it the test is skipped with
+    one line naming the dataset and `make data`; with ATTNLAB_REQUIRE_DATA=1 (CI) it fails instead."""
+    path = DATA_DIR / name
+    if path.exists():
+        return path
+    msg = f"needs the {name} dataset, not found in {DATA_DIR}: run `make data` (or set ATTNLAB_DATA_DIR)"
+    if REQUIRE_DATA:
+        pytest.fail(msg + "; ATTNLAB_REQUIRE_DATA=1 makes a missing dataset an error")
+    pytest.skip(msg)
 
 
 def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train") -> DictConfig:
@@ -41,7 +49,7 @@ def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train"
         cfg.paths.output_dir = str(tmp_path)
         cfg.paths.log_dir = str(tmp_path / "logs")
         cfg.paths.cache_dir = str(tmp_path.parent / "cache")
-        cfg.paths.data_dir = str(SHARED_DATA)
+        cfg.paths.data_dir = str(DATA_DIR)
         cfg.extras.print_config = False
         del cfg.hydra
     return cfg
@@ -49,7 +57,7 @@ def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train"
 
 def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT):
     """Run train.py / eval.py / predict.py as a user would; returns the CompletedProcess (stdout+stderr merged)."""
-    full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(SHARED_DATA)} | (env or {})
+    full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(DATA_DIR)} | (env or {})
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -14,7 +14,7 @@ import torch
 import yaml
 from PIL import Image
 
-from conftest import ROOT, SHARED_DATA, run_cli
+from conftest import ROOT, DATA_DIR, run_cli
 
 QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
          "trainer.limit_test_batches=2", "extras.print_config=false", "callbacks.progress_bar=null"]
@@ -28,7 +28,7 @@ def _run_dirs(logs: Path) -> list[Path]:
 def default_run(tmp_path_factory):
     """`make train`: the default experiment, exactly as the README says."""
     tmp = tmp_path_factory.mktemp("make_train")
-    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_DATA_DIR": str(SHARED_DATA)}
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR)}
     out = subprocess.run(["make", "-s", "train"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:]

@@ -16,7 +16,7 @@ from attnlab.data.imagefolder import ImageFolderDataModule
 from attnlab.data.imagenet import ImageNetDataModule
 from attnlab.data.mnist import MNISTDataModule
 from attnlab.errors import UserError
-from conftest import shared
+from conftest import real_data
 
 
 def test_digits_splits_and_augmentation():
@@ -42,7 +42,7 @@ def test_batch_larger_than_training_split_is_refused():
 
 
 def test_cifar10_from_the_offline_png_zips(tmp_path):
-    root = shared("cifar10")
+    root = real_data("cifar10")
     dm = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path), batch_size=64,
                          augment={"scale": [0.8, 1.0], "hflip": 0.5})
     dm.setup()
@@ -60,7 +60,7 @@ def test_cifar10_from_the_offline_png_zips(tmp_path):
 
 
 def test_mnist_offline_test_set_is_split(tmp_path):
-    dm = MNISTDataModule(kind="images", data_dir=str(shared("mnist")), batch_size=16, test_fraction=0.2)
+    dm = MNISTDataModule(kind="images", data_dir=str(real_data("mnist")), batch_size=16, test_fraction=0.2)
     dm.setup()
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (7000, 1000, 2000)
     x, _ = next(iter(dm.val_dataloader()))

@@ -17,7 +17,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO
-from conftest import ROOT, SHARED_DATA
+from conftest import ROOT, DATA_DIR
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
@@ -38,7 +38,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, mon
 
 
 def test_sigterm_saves_the_current_step_before_exit(tmp_path):
-    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(SHARED_DATA),
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
                         "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=50", "extras.print_config=false",
@@ -66,7 +66,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     """SIGKILL mid-epoch (no chance to save), then the same command again: the run resumes from the directory's
     last.ckpt at the same step, the same batch of the epoch and the same random state, in the same W&B run, and
     ends exactly where an uninterrupted run ends."""
-    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(SHARED_DATA),
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
                         "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
     args = [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=2", "logger=[csv,wandb]",
             "callbacks.model_checkpoint.every_n_train_steps=5", "extras.print_config=false",

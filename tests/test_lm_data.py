@@ -11,7 +11,7 @@ import torch
 from attnlab.data import tokenizers as toks
 from attnlab.data.text import MaskingCollator, TextDataModule, mask_tokens, pack_spans
 from attnlab.errors import UserError
-from conftest import shared
+from conftest import real_data
 
 
 def _dm(tmp_path, **kw) -> TextDataModule:
@@ -24,14 +24,14 @@ def _dm(tmp_path, **kw) -> TextDataModule:
 
 @pytest.fixture
 def small_corpus(tmp_path):
-    text = (shared("tinyshakespeare") / "input.txt").read_text()[:60_000]
+    text = (real_data("tinyshakespeare") / "input.txt").read_text()[:60_000]
     path = tmp_path / "small.txt"
     path.write_text(text)
     return path, text
 
 
 def test_tinyshakespeare_matches_nanogpt_split_and_windows_are_corpus_slices(tmp_path):
-    path = shared("tinyshakespeare") / "input.txt"
+    path = real_data("tinyshakespeare") / "input.txt"
     text = path.read_text()
     dm = _dm(tmp_path, name="tinyshakespeare", files=[str(path)], block_size=64)
     assert dm.meta["vocab_size"] == 65
@@ -122,7 +122,7 @@ def test_wikitext2_offline_copy_lacks_train_and_says_where_to_put_it(tmp_path):
     with pytest.raises(UserError) as err:
         build_datamodule(cfg.data)
     msg = str(err.value)
-    assert str(shared("wikitext2") / "train.txt") in msg and "only valid.txt and test.txt" in msg
+    assert str(real_data("wikitext2") / "train.txt") in msg and "only valid.txt and test.txt" in msg
 
 
 def test_unknown_characters_name_the_characters_and_the_fix():

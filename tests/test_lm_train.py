@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from attnlab.cli.training import train
 from attnlab.errors import UserError
 from attnlab.tasks.language_model import MaskedLM
-from conftest import FAST, compose_cfg, run_cli, shared
+from conftest import FAST, compose_cfg, run_cli, real_data
 
 SMALL = ["model.num_samples=1", *FAST]
 GPT = ["model.sample_tokens=20"]
@@ -46,7 +46,7 @@ def test_gpt2_owt_recipe_runs_a_fast_dev_run_on_cpu_with_local_text(tmp_path):
     cfg = compose_cfg(["experiment=gpt2_owt", "debug=fdr", "trainer.accelerator=cpu", "trainer.precision=32-true",
                        "model.compile=false", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
                        "data.block_size=32", "data.batch_size=2", "data.num_workers=0", "data.hub=null",
-                       f"data.files=[{shared('tinyshakespeare')}/input.txt]", "data.tokenizer=bpe",
+                       f"data.files=[{real_data('tinyshakespeare')}/input.txt]", "data.tokenizer=bpe",
                        "data.tokenizer_vocab_size=300", *GPT, *SMALL], tmp_path)
     assert cfg.trainer.accumulate_grad_batches == 40 and cfg.optimizer.betas == [0.9, 0.95]
     train(cfg)

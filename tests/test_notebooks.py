@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT, SHARED_DATA
+from conftest import ROOT, DATA_DIR
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -28,7 +28,7 @@ def test_notebook_is_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNLAB_DATA_DIR", str(SHARED_DATA))
+    monkeypatch.setenv("ATTNLAB_DATA_DIR", str(DATA_DIR))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the notebooks write their runs and caches
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -20,7 +20,7 @@ from attnlab.cli.training import train
 from attnlab.data.segmentation import MembraneDataModule, VOCDataModule
 from attnlab.errors import UserError
 from attnlab.tasks.segmentation import Segmenter
-from conftest import FAST, compose_cfg, shared
+from conftest import FAST, compose_cfg, real_data
 
 MEMBRANE = "isbi2012_em_membrane"
 
@@ -41,7 +41,7 @@ def short_run(tmp_path_factory):
 def _all_cell() -> tuple[float, float]:
     """mIoU and pixel accuracy of predicting "cell" everywhere on the validation slices: IoU(cell) = accuracy =
     the cell share, IoU(membrane) = 0."""
-    cell = float(np.mean([np.asarray(Image.open(shared(MEMBRANE) / "label" / f"{i}.png")) == 255
+    cell = float(np.mean([np.asarray(Image.open(real_data(MEMBRANE) / "label" / f"{i}.png")) == 255
                           for i in range(25, 30)]))
     return cell / 2, cell
 
@@ -69,7 +69,7 @@ def test_predict_writes_a_palette_mask_next_to_each_input(short_run, tmp_path):
     src = tmp_path / "slices"
     src.mkdir()
     for i in (25, 26):
-        shutil.copy(shared(MEMBRANE) / "image" / f"{i}.png", src / f"{i}.png")
+        shutil.copy(real_data(MEMBRANE) / "image" / f"{i}.png", src / f"{i}.png")
     ckpt = next((short_run / "checkpoints").glob("epoch_*.ckpt"))
     cfg = compose_cfg([f"ckpt_path={ckpt}", f"input={src}"], tmp_path / "out", config_name="predict")
     cfg.device = "cpu"
@@ -82,7 +82,7 @@ def test_predict_writes_a_palette_mask_next_to_each_input(short_run, tmp_path):
     assert set(np.unique(pred)) <= {0, 1}
     # the mask is the model's sliding-window segmentation of the slice, and better than all-cell
     model = Segmenter.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    dm = MembraneDataModule(root=str(shared(MEMBRANE)), mean=model.mean, std=model.std)
+    dm = MembraneDataModule(root=str(real_data(MEMBRANE)), mean=model.mean, std=model.std)
     dm.setup()
     x, truth = dm.val_set[0]  # slice 25
     with torch.no_grad():

@@ -17,7 +17,7 @@ from attnlab.nn.decoding import beam_search, greedy
 from attnlab.nn.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.nn.transformer_seq2seq import TransformerSeq2Seq, TransformerSeq2SeqConfig
 from attnlab.tasks.translation import Translator, corpus_bleu
-from conftest import FAST, compose_cfg, run_cli, shared
+from conftest import FAST, compose_cfg, run_cli, real_data
 
 PAD, BOS, EOS = 0, 2, 3
 V = 40
@@ -182,7 +182,7 @@ SHORT = ["experiment=mt_transformer", "model.n_layer=2", "model.n_embd=128", "mo
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """train.py as a user runs it, logging to W&B offline (no API key)."""
-    shared("multi30k")
+    real_data("multi30k")
     base = tmp_path_factory.mktemp("mt")
     run_dir = base / "run"
     env = {"HOME": str(base), "WANDB_API_KEY": "", "WANDB_MODE": "", "ATTNLAB_CACHE_DIR": str(base / "cache"),
@@ -271,7 +271,7 @@ def test_a_translation_checkpoint_is_refused_by_an_image_model(trained, tmp_path
     ("mt_lstm", ["model.hidden=32", "model.emb_dim=16"]),
 ])
 def test_fast_dev_run_of_each_translation_experiment(tmp_path, experiment, extra):
-    shared("multi30k")
+    real_data("multi30k")
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.eval_batch_size=16", "model.num_samples=1",
                        *extra, *FAST], tmp_path)
     train(cfg)

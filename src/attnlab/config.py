@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import UserError
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# the packaged configs (package data: a wheel installs them beside the code)
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def patch_size_for(image_size: int) -> int:

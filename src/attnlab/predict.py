@@ -1,0 +1,6 @@
+"""`python -m attnlab.predict`: the same as `attnlab-predict` and the repository's predict.py (see README.md)."""
+
+from attnlab.cli.predict import main
+
+if __name__ == "__main__":
+    main()
