@@ -5,16 +5,91 @@ Nothing here imports torch, so `train.py --cfg job` and `--help` stay fast.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
 
 # the packaged configs (package data: a wheel installs them beside the code)
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+# The keys of a config group's node that are the platform's, not its constructor's: attnlab reads them (the data
+# kinds a model trains on, the metric that names the best checkpoint, attnlab's optimizer options, the data's kind).
+# A node that leaves one out gets the default given here (None: none needed), so a user's own LightningModule or
+# LightningDataModule config holds nothing but its constructor's arguments; and before a node is instantiated they
+# are taken off, unless its constructor names them (attnlab's own tasks and data modules take them).
+PLATFORM_KEYS: dict[str, dict[str, Any]] = {
+    "model": {"data_kinds": [], "monitor": "val/loss", "monitor_mode": "min", "compile": False},
+    "optimizer": {"blr": None, "layer_decay": None},
+    "data": {"kind": None, "name": None},
+}
+
+
+def prepare(cfg: DictConfig) -> None:
+    """What every entry point does first with the composed config: import the user's modules, then fill in the
+    platform keys a node leaves out. Cheap and idempotent."""
+    import_user_modules((cfg.get("extras") or {}).get("imports"))
+    apply_platform_defaults(cfg)
+
+
+def apply_platform_defaults(cfg: DictConfig) -> None:
+    """Give each config group's node the platform keys it leaves out (see PLATFORM_KEYS)."""
+    for group, keys in PLATFORM_KEYS.items():
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig):
+            continue
+        with open_dict(node):
+            for key, default in keys.items():
+                if default is not None and key not in node:
+                    node[key] = default
+
+
+def named_parameters(cls: type) -> set[str]:
+    """The keyword arguments that a class's constructor, or one of its bases' it passes **kwargs on to, names."""
+    names = set()
+    for klass in inspect.getmro(cls):
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names - {"self"}
+
+
+def constructor_kwargs(group: str, node: dict, cls: type) -> tuple[dict, dict]:
+    """Split a resolved node (without `_target_`) into the constructor's arguments and the platform keys it does
+    not take."""
+    platform = {k for k in PLATFORM_KEYS.get(group, {}) if k in node}
+    taken = platform & named_parameters(cls)
+    return ({k: v for k, v in node.items() if k not in platform or k in taken},
+            {k: node[k] for k in platform - taken})
+
+
+def import_user_modules(modules: list[str] | None) -> None:
+    """`extras.imports`: the user's modules, imported before anything is built (timm registrations, their own
+    networks, tasks and data modules). The working directory is importable, as under `python -m`."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules or []:
+        try:
+            importlib.import_module(str(name))
+        except ImportError as e:
+            raise UserError(
+                f"extras.imports names the module {name}, which cannot be imported ({e}). Install the package that "
+                f"holds it (pip install -e <your package>), add its folder to PYTHONPATH, or run from the folder "
+                "that holds it."
+            ) from e
 
 
 def patch_size_for(image_size: int) -> int:

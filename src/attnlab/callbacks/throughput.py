@@ -44,12 +44,12 @@ class Throughput(L.Callback):
         self._flop_count = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._samples += pl_module.batch_size_of(batch)
+        n = pl_module.batch_size_of(batch) if hasattr(pl_module, "batch_size_of") else _batch_size(batch)
+        self._samples += n
         if hasattr(pl_module, "tokens_of"):
             self._tokens += pl_module.tokens_of(batch)
         if self._flops:  # tasks whose batches vary in shape count each one (`flops_of`)
-            self._flop_count += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else self._flops * \
-                pl_module.batch_size_of(batch)
+            self._flop_count += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else self._flops * n
         self._batches += 1
         if self._batches < self.every:
             return
@@ -62,3 +62,10 @@ class Throughput(L.Callback):
             metrics["perf/mfu"] = self._flop_count / elapsed / self._peak
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
         self.on_train_epoch_start(trainer, pl_module)  # the next window
+
+
+def _batch_size(batch) -> int:
+    """The leading dimension of a batch's first tensor, for a LightningModule that does not say (`batch_size_of`)."""
+    while isinstance(batch, (list, tuple, dict)) and len(batch):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return int(batch.shape[0]) if hasattr(batch, "shape") and len(batch.shape) else 0

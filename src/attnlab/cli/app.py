@@ -34,6 +34,9 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     env_before = dict(os.environ)
     try:
+        from attnlab.config import prepare
+
+        prepare(cfg)
         if "model" in cfg and "data" in cfg:  # refuse an incompatible pair before resolving or building anything
             from attnlab.config import check_compatible
 

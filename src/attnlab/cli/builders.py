@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from attnlab.config import constructor_kwargs, import_user_modules, named_parameters
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -34,25 +35,64 @@ def instantiate(cfg, *args, **kwargs):
 def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
     """Instantiate the DataModule, load what it needs (downloading only where configured), and write what the data
     determines (num_classes, image_size, vocab_size, ...) back into the config, where the model reads it."""
-    dm = instantiate(data_cfg, _convert_="all")
+    node = OmegaConf.to_container(data_cfg, resolve=True)
+    cls = _target_class(node.pop("_target_", None), "data")
+    kwargs, _ = constructor_kwargs("data", node, cls)
+    dm = instantiate({"_target_": f"{cls.__module__}.{cls.__qualname__}", **kwargs}, _convert_="all")
     if prepare:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             dm.prepare_data()
         dm.setup("fit")
     with open_dict(data_cfg):
-        for key, value in dm.meta.items():
+        for key, value in (getattr(dm, "meta", None) or {}).items():
             data_cfg[key] = value
     return dm
 
 
+def _target_class(target: str | None, group: str) -> type:
+    if not target:
+        raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
+                        "mypkg.module.ClassName), or pick one of attnlab's configs.")
+    try:
+        return get_class(target)
+    except Exception as e:
+        raise UserError(
+            f"{group}._target_={target} cannot be imported ({e.__cause__ or e}). Check the dotted path; the package "
+            "that holds it must be importable: installed, on PYTHONPATH, in the working directory, or listed in "
+            "extras.imports."
+        ) from e
+
+
 def build_task(cfg: DictConfig, dm) -> Any:
-    """The task gets plain configs for its network, optimizer and schedule, and builds them itself, so that
-    `Task.load_from_checkpoint(path)` can rebuild it from the checkpoint alone."""
+    """attnlab's tasks get plain configs for their network, optimizer and schedule, and build them themselves, so
+    that `Task.load_from_checkpoint(path)` can rebuild them from the checkpoint alone. Any other LightningModule
+    (a `_target_` of the user's) gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its
+    constructor takes them (lightning-hydra-template's convention)."""
+    from attnlab.tasks.base import BaseTask
+
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    task_cls = _target_class(model_cfg.pop("_target_", None), "model")
+    kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
-    task_cls = get_class(model_cfg.pop("_target_"))
-    return task_cls(**model_cfg, optimizer=optimizer, scheduler=scheduler, **dm.model_extras())
+    extras = getattr(dm, "model_extras", dict)()
+    if issubclass(task_cls, BaseTask):
+        return task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler, **extras)
+    takes = named_parameters(task_cls)
+    if optimizer and "optimizer" in takes:
+        opt_kwargs, platform = constructor_kwargs("optimizer", optimizer, object)
+        used = {k: v for k, v in platform.items() if v is not None}
+        if used:
+            raise UserError(
+                f"{', '.join(f'optimizer.{k}={v}' for k, v in used.items())}: attnlab's tasks apply these, but "
+                f"{task_cls.__qualname__} builds its own optimizer. Set them to null, or implement them in its "
+                "configure_optimizers."
+            )
+        kwargs["optimizer"] = instantiate(opt_kwargs | {"_partial_": True})
+    if scheduler and "scheduler" in takes:
+        kwargs["scheduler"] = instantiate(scheduler | {"_partial_": True})
+    kwargs |= {k: v for k, v in extras.items() if k in takes}
+    return instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}", **kwargs}, _convert_="all")
 
 
 def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:
@@ -256,8 +296,11 @@ def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:
 
 
 def load_task(ckpt_path: str, meta: dict):
-    task_cls = get_class(meta["config"]["model"]["_target_"])
-    return task_cls.load_from_checkpoint(ckpt_path, map_location="cpu")
+    import_user_modules((meta["config"].get("extras") or {}).get("imports"))
+    task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
+    # a checkpoint attnlab wrote (read_run_metadata checked): a user's module may keep its network among its
+    # hyperparameters (lightning-hydra-template's modules do), which only a full unpickling rebuilds
+    return task_cls.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=False)
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:

@@ -11,13 +11,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.cli import builders
 from attnlab.cli.app import save_resolved_config
-from attnlab.config import check_compatible, check_schedule_keys
+from attnlab.config import check_compatible, check_schedule_keys, prepare
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
 
 
 def train(cfg: DictConfig) -> float | None:
+    prepare(cfg)
     check_compatible(cfg)  # before anything heavy
     check_schedule_keys(cfg)
     import lightning as L
@@ -56,7 +57,7 @@ def train(cfg: DictConfig) -> float | None:
         lg.log_hyperparams(resolved | builders.count_parameters(model))
 
     if cfg.get("train", True):
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=False)  # see load_task
         if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
             return _finished_already(cfg, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
@@ -68,14 +69,24 @@ def train(cfg: DictConfig) -> float | None:
             best = ckpt_path or ""
         if not best and cfg.get("train", True):
             log.warning("no checkpoint was saved: testing the weights as they are at the end of training")
-        trainer.test(model, datamodule=dm, ckpt_path=best or None)
+        trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=False)
         test_metrics = dict(trainer.callback_metrics)
 
     metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
+    _add_best_of_monitor(cfg, metrics, trainer)
     if trainer.is_global_zero:
         _report(cfg, metrics, trainer, out_dir)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value
+
+
+def _add_best_of_monitor(cfg: DictConfig, metrics: dict[str, float], trainer) -> None:
+    """`<monitor>_best`, which sweepers optimize, for a LightningModule that logs only `<monitor>` (a user's own):
+    the best score the checkpoint callback saw."""
+    key = f"{cfg.model.get('monitor')}_best"
+    ckpt = trainer.checkpoint_callback
+    if key not in metrics and ckpt is not None and getattr(ckpt, "best_model_score", None) is not None:
+        metrics[key] = float(ckpt.best_model_score)
 
 
 def _finished_already(cfg: DictConfig, out_dir: Path, step: int) -> float | None:

@@ -111,7 +111,9 @@ class ImageDataModule(BaseDataModule):
         **loader: Any,
     ):
         super().__init__(kind=kind, **loader)
-        self.save_hyperparameters()
+        # not logged: Lightning would refuse `num_classes: null` here beside the number the task got from the data;
+        # the loggers get the run's resolved config, which holds the data's settings with what was found
+        self.save_hyperparameters(logger=False)
         self.num_classes, self.image_size, self.channels = num_classes, int(image_size), int(channels)
         self.augment = dict(augment or {})
         self.val_fraction, self.test_fraction = val_fraction, test_fraction

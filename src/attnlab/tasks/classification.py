@@ -19,12 +19,16 @@ from attnlab.utils.media import log_table, samples_wanted, to_display
 
 def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
                     **kwargs) -> torch.nn.Module:
-    """timm.create_model with a clear error for unknown names, arguments a model rejects, and offline weights."""
+    """timm.create_model with a clear error for unknown names, arguments a model rejects, and offline weights; or,
+    for a dotted path (`mypkg.nets.TinyCNN`), the user's own nn.Module class or factory."""
+    if not timm.is_model(backbone) and "." in backbone:
+        return _user_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
     if not timm.is_model(backbone):
         close = timm.list_models(f"*{backbone.split('_')[0]}*")[:12]
         raise UserError(
             f"model.backbone={backbone} is not a timm model. Similar names: {', '.join(close) or 'none'}. "
-            "List them all with `python -c \"import timm; print(timm.list_models())\"`."
+            "List them all with `python -c \"import timm; print(timm.list_models())\"`, or give the dotted path of "
+            "your own nn.Module class or factory (model.backbone=mypkg.nets.MyNet)."
         )
     args = dict(num_classes=num_classes, in_chans=in_chans, pretrained=pretrained, **kwargs)
     try:
@@ -48,6 +52,41 @@ def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: in
                 "go online once (they are cached in ~/.cache/huggingface), or set model.pretrained=false."
             ) from e
         raise
+
+
+def _user_backbone(path: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
+                   **kwargs) -> torch.nn.Module:
+    """An nn.Module class or factory of the user's, given num_classes and in_chans, img_size where it takes it,
+    and model.backbone_kwargs."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        factory = get_object(path)
+    except Exception as e:
+        raise UserError(
+            f"model.backbone={path} is neither a timm model nor an importable class or function ({e.__cause__ or e}). "
+            "Check the dotted path; its package must be installed, on PYTHONPATH or in the working directory."
+        ) from e
+    if pretrained:
+        raise UserError(f"model.pretrained=true loads timm's published weights, but model.backbone={path} is your "
+                        "own network: set model.pretrained=false (load its weights in its constructor instead).")
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    args = {"num_classes": num_classes, "in_chans": in_chans, "img_size": img_size}
+    args = {k: v for k, v in args.items() if k in params or (takes_any and k != "img_size")}
+    missing = [k for k in ("num_classes", "in_chans") if k not in args]
+    if missing:
+        raise UserError(
+            f"model.backbone={path} does not take {' and '.join(missing)}: attnlab passes the number of classes and "
+            f"input channels that the data determines. Add {', '.join(f'{k}: int' for k in missing)} to its signature."
+        )
+    net = factory(**args, **kwargs)
+    if not isinstance(net, torch.nn.Module):
+        raise UserError(f"model.backbone={path} returned a {type(net).__name__}, not a torch.nn.Module.")
+    _check_small_input(net, path, in_chans, img_size)
+    return net
 
 
 def _check_small_input(net: torch.nn.Module, backbone: str, in_chans: int, img_size: int | None) -> None:
@@ -105,6 +144,10 @@ class ImageClassifier(BaseTask):
             from attnlab.tasks.mae import require_vit
 
             require_vit(self.net, backbone)
+        if freeze_backbone and not hasattr(self.net, "get_classifier"):
+            raise UserError(f"model.freeze_backbone=true trains only the classifier head, which attnlab finds through "
+                            f"the network's get_classifier() (timm's convention); {backbone} has none. Add a "
+                            "get_classifier() method returning the head module, or set model.freeze_backbone=false.")
         if freeze_backbone:  # a linear probe: only the classifier head trains
             head = {id(p) for p in self.net.get_classifier().parameters()}
             for p in self.net.parameters():
