@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from attnlab.config import CONF_DIR, register_resolvers
+from fixtures import small_data  # noqa: F401  (the small made-up datasets, a session fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 # the real datasets: `make data` lays them out in ./data; the Makefile points here at ../shared/data when it exists
@@ -36,8 +37,10 @@ def real_data(name: str) -> Path:
     pytest.skip(msg)
 
 
-def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train") -> DictConfig:
-    """Compose like `python train.py <overrides>` would, with every output under tmp_path."""
+def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train",
+                data_dir: Path | None = None) -> DictConfig:
+    """Compose like `python train.py <overrides>` would, with every output under tmp_path; the datasets are read
+    from data_dir (e.g. the small_data fixture), by default ATTNLAB_DATA_DIR's real ones."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
@@ -49,15 +52,17 @@ def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train"
         cfg.paths.output_dir = str(tmp_path)
         cfg.paths.log_dir = str(tmp_path / "logs")
         cfg.paths.cache_dir = str(tmp_path.parent / "cache")
-        cfg.paths.data_dir = str(DATA_DIR)
+        cfg.paths.data_dir = str(data_dir or DATA_DIR)
         cfg.extras.print_config = False
         del cfg.hydra
     return cfg
 
 
-def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT):
-    """Run train.py / eval.py / predict.py as a user would; returns the CompletedProcess (stdout+stderr merged)."""
-    full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(DATA_DIR)} | (env or {})
+def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT,
+            data_dir: Path | None = None):
+    """Run train.py / eval.py / predict.py as a user would; returns the CompletedProcess (stdout+stderr merged).
+    The datasets are read from data_dir (e.g. the small_data fixture), by default ATTNLAB_DATA_DIR's real ones."""
+    full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(data_dir or DATA_DIR)} | (env or {})
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -1,4 +1,5 @@
-"""DataModules on real data (scikit-learn digits, the offline CIFAR-10 / MNIST copies) and on made-up folders."""
+"""DataModules on scikit-learn's digits, on small CIFAR-10 / MNIST files in their real formats (tests/fixtures.py) and
+on made-up folders; the offline CIFAR-10 / MNIST copies load with their documented sizes."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def test_batch_larger_than_training_split_is_refused():
         dm.train_dataloader()
 
 
-def test_cifar10_from_the_offline_png_zips(tmp_path):
-    root = real_data("cifar10")
+def test_cifar10_from_png_zips_with_a_cache_outside_the_data(tmp_path, small_data):
+    root = small_data / "cifar10"  # 20 training and 10 test PNGs per class, in zips as the offline copy
     dm = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path), batch_size=64,
                          augment={"scale": [0.8, 1.0], "hflip": 0.5})
     dm.setup()
-    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (4500, 500, 10000)
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (180, 20, 100)
     assert dm.class_names[:3] == ["airplane", "automobile", "bird"] and dm.num_classes == 10
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (64, 3, 32, 32) and 0 <= int(y.min()) and int(y.max()) <= 9
@@ -56,15 +57,55 @@ def test_cifar10_from_the_offline_png_zips(tmp_path):
     assert len(cached) == 1 and not list(root.glob("*.npz"))  # cache in the project's cache dir only
     again = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path))
     again.setup()
-    assert len(again.test_set) == 10000
+    assert len(again.test_set) == 100 and list(tmp_path.rglob("*.npz")) == cached  # read from the cache
 
 
-def test_mnist_offline_test_set_is_split(tmp_path):
-    dm = MNISTDataModule(kind="images", data_dir=str(real_data("mnist")), batch_size=16, test_fraction=0.2)
-    dm.setup()
-    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (7000, 1000, 2000)
+def test_cifar10_from_png_folders_equals_the_zips(tmp_path, small_data):
+    from fixtures import make_cifar10
+
+    folders = make_cifar10(tmp_path / "cifar10", as_zip=False)  # the same PNGs as <split>/<class>/*.png files
+    assert not list(folders.glob("*.zip"))
+    sets = []
+    for root in (small_data / "cifar10", folders):
+        dm = CIFARDataModule(kind="images", data_dir=str(root), cache_dir=str(tmp_path / "cache"))
+        dm.setup()
+        sets.append(dm)
+    zipped, unzipped = sets
+    assert unzipped.class_names == zipped.class_names
+    assert np.array_equal(unzipped.test_set.images, zipped.test_set.images)
+    assert np.array_equal(unzipped.test_set.labels, zipped.test_set.labels)
+
+
+def test_mnist_offline_test_set_is_split(small_data):
+    dm = MNISTDataModule(kind="images", data_dir=str(small_data / "mnist"), batch_size=16, test_fraction=0.2)
+    dm.setup()  # only t10k-*.gz (300 digits), as in the offline copy: train / val / test carved out of it
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (210, 30, 60)
     x, _ = next(iter(dm.val_dataloader()))
     assert x.shape == (16, 1, 28, 28)
+
+
+def test_mnist_plain_idx_files_with_a_train_set_use_the_official_split(tmp_path):
+    from fixtures import make_mnist
+
+    root = make_mnist(tmp_path / "mnist", n_test=50, n_train=100, gz=False)
+    assert sorted(p.name for p in root.iterdir()) == ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+                                                      "train-images-idx3-ubyte", "train-labels-idx1-ubyte"]
+    dm = MNISTDataModule(kind="images", data_dir=str(root), batch_size=10)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (90, 10, 50)  # val from train, the whole test
+    x, y = next(iter(dm.test_dataloader()))
+    assert x.shape == (10, 1, 28, 28) and y.dtype == torch.long
+
+
+def test_the_offline_cifar10_and_mnist_copies_load_with_their_documented_sizes(tmp_path):
+    dm = CIFARDataModule(kind="images", data_dir=str(real_data("cifar10")), cache_dir=str(tmp_path))
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (4500, 500, 10000)
+    assert dm.class_names == ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                              "truck"]
+    dm = MNISTDataModule(kind="images", data_dir=str(real_data("mnist")), test_fraction=0.2)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (7000, 1000, 2000)
 
 
 @pytest.mark.parametrize("make", [
