@@ -23,19 +23,20 @@ def _dm(tmp_path, **kw) -> TextDataModule:
 
 
 @pytest.fixture
-def small_corpus(tmp_path):
-    text = (real_data("tinyshakespeare") / "input.txt").read_text()[:60_000]
+def small_corpus(tmp_path, small_data):
+    text = (small_data / "tinyshakespeare" / "input.txt").read_text()
     path = tmp_path / "small.txt"
     path.write_text(text)
     return path, text
 
 
-def test_tinyshakespeare_matches_nanogpt_split_and_windows_are_corpus_slices(tmp_path):
-    path = real_data("tinyshakespeare") / "input.txt"
+def test_char_split_is_nanogpt_s_and_windows_are_corpus_slices(tmp_path, small_data):
+    path = small_data / "tinyshakespeare" / "input.txt"
     text = path.read_text()
+    n_train = int(0.9 * len(text))  # nanoGPT's shakespeare_char: the first 90% of the characters train
     dm = _dm(tmp_path, name="tinyshakespeare", files=[str(path)], block_size=64)
-    assert dm.meta["vocab_size"] == 65
-    assert len(dm.token_arrays["train"]) == 1_003_854 and len(dm.token_arrays["val"]) == 111_540
+    assert dm.meta["vocab_size"] == 65  # the small corpus has Tiny Shakespeare's characters
+    assert len(dm.token_arrays["train"]) == n_train and len(dm.token_arrays["val"]) == len(text) - n_train
     assert dm.token_arrays["train"].array.dtype == np.uint16
     chars = sorted(set(text))
     decode = lambda ids: "".join(chars[i] for i in ids)  # noqa: E731
@@ -44,16 +45,24 @@ def test_tinyshakespeare_matches_nanogpt_split_and_windows_are_corpus_slices(tmp
     for x, y in zip(batch_x, batch_y):
         s = decode(x.tolist())
         start = text.find(s)
-        assert start >= 0 and start + 64 < 1_003_854 + 64               # a contiguous slice of the train text
+        assert start >= 0 and start + 64 < n_train + 64                 # a contiguous slice of the train text
         assert decode(y.tolist()) == text[start + 1 : start + 65]      # the same window shifted by one
     val_x, _ = next(iter(dm.val_dataloader()))
-    assert decode(val_x[0].tolist()) in text[1_003_854:]
+    assert decode(val_x[0].tolist()) in text[n_train:]
     # the cache lives under cache_dir, never beside the data
     assert list((tmp_path / "cache" / "text").glob("tinyshakespeare-*/train.bin"))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["input.txt"]
     # training windows are random draws, repeatable for a (seed, epoch)
     first = [x for _, (x, _) in zip(range(2), dm.train_dataloader())]
     again = [x for _, (x, _) in zip(range(2), dm.train_dataloader())]
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_tinyshakespeare_matches_nanogpt_split(tmp_path):
+    dm = _dm(tmp_path, name="tinyshakespeare", files=[str(real_data("tinyshakespeare") / "input.txt")],
+             block_size=64)
+    assert dm.meta["vocab_size"] == 65
+    assert len(dm.token_arrays["train"]) == 1_003_854 and len(dm.token_arrays["val"]) == 111_540
 
 
 def test_trained_tokenizer_is_cached_and_not_retrained(tmp_path, small_corpus, monkeypatch):
@@ -113,16 +122,17 @@ def test_missing_and_empty_corpus_files_are_user_errors(tmp_path):
         TextDataModule(files=[], cache_dir=str(tmp_path))
 
 
-def test_wikitext2_offline_copy_lacks_train_and_says_where_to_put_it(tmp_path):
+def test_wikitext2_offline_copy_lacks_train_and_says_where_to_put_it(tmp_path, small_data):
     from conftest import compose_cfg
 
     from attnlab.cli.builders import build_datamodule
 
-    cfg = compose_cfg(["data=wikitext2", "model=gpt_char"], tmp_path)
+    # small_data's wikitext2/ holds valid.txt and test.txt only, like the offline copy
+    cfg = compose_cfg(["data=wikitext2", "model=gpt_char"], tmp_path, data_dir=small_data)
     with pytest.raises(UserError) as err:
         build_datamodule(cfg.data)
     msg = str(err.value)
-    assert str(real_data("wikitext2") / "train.txt") in msg and "only valid.txt and test.txt" in msg
+    assert str(small_data / "wikitext2" / "train.txt") in msg and "only valid.txt and test.txt" in msg
 
 
 def test_unknown_characters_name_the_characters_and_the_fix():
