@@ -6,7 +6,7 @@ SHARED_DATA := $(abspath ../shared/data)
 # Point the real-data tests at the shared offline datasets when they are there.
 export ATTNLAB_DATA_DIR ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(CURDIR)/data)
 
-.PHONY: install train test test-fast clean
+.PHONY: install data train test test-fast clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# `make data` downloads the datasets into ./data (or into ATTNLAB_DATA_DIR when you set it), never into ../shared/data
+FETCH_DIR := $(if $(filter file,$(origin ATTNLAB_DATA_DIR)),$(CURDIR)/data,$(ATTNLAB_DATA_DIR))
+data: install
+	$(PY) -m attnlab.data.fetch --data-dir $(FETCH_DIR)
 
 train: install
 	$(PY) train.py $(ARGS)
