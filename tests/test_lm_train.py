@@ -1,5 +1,6 @@
 """Language-model runs through the same `train(cfg)` as train.py: every LM experiment, a short real GPT run on
-Tiny Shakespeare, prediction from its checkpoint, and the errors a user can make."""
+Tiny Shakespeare, prediction from a checkpoint, and the errors a user can make. Everything but the learning run reads
+the small play-like corpus of tests/fixtures.py."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ GPT = ["model.sample_tokens=20"]
     ("gpt_shakespeare_char", ["data.batch_size=4", *GPT]),
     ("bert_shakespeare", ["data.batch_size=8"]),
 ])
-def test_fast_dev_run_of_each_lm_experiment(tmp_path, experiment, extra):
-    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", *extra, *SMALL], tmp_path)
+def test_fast_dev_run_of_each_lm_experiment(tmp_path, small_data, experiment, extra):
+    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", *extra, *SMALL], tmp_path, data_dir=small_data)
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["val/loss"] > 0 and metrics["test/ppl"] > 1
@@ -41,12 +42,12 @@ def test_gpt2_owt_needs_the_hub_and_says_so(tmp_path, monkeypatch):
         train(cfg)
 
 
-def test_gpt2_owt_recipe_runs_a_fast_dev_run_on_cpu_with_local_text(tmp_path):
+def test_gpt2_owt_recipe_runs_a_fast_dev_run_on_cpu_with_local_text(tmp_path, small_data):
     """The recipe's optimizer, schedule, accumulation and clipping, with a tiny model on local text and the CPU."""
     cfg = compose_cfg(["experiment=gpt2_owt", "debug=fdr", "trainer.accelerator=cpu", "trainer.precision=32-true",
                        "model.compile=false", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
                        "data.block_size=32", "data.batch_size=2", "data.num_workers=0", "data.hub=null",
-                       f"data.files=[{real_data('tinyshakespeare')}/input.txt]", "data.tokenizer=bpe",
+                       f"data.files=[{small_data}/tinyshakespeare/input.txt]", "data.tokenizer=bpe",
                        "data.tokenizer_vocab_size=300", *GPT, *SMALL], tmp_path)
     assert cfg.trainer.accumulate_grad_batches == 40 and cfg.optimizer.betas == [0.9, 0.95]
     train(cfg)
@@ -54,25 +55,40 @@ def test_gpt2_owt_recipe_runs_a_fast_dev_run_on_cpu_with_local_text(tmp_path):
     assert metrics["val/loss"] > 0 and metrics["test/ppl"] > 1
 
 
-def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
-    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "debug=fdr", "model.vocab_size=50", *GPT, *SMALL], tmp_path)
+def test_tokenizer_larger_than_the_model_vocabulary(tmp_path, small_data):
+    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "debug=fdr", "model.vocab_size=50", *GPT, *SMALL], tmp_path,
+                      data_dir=small_data)  # Tiny Shakespeare's 65 characters
     with pytest.raises(UserError, match=r"tokenizer has 65 tokens but .*model.vocab_size=50.*model.vocab_size>=65"):
         train(cfg)
 
 
-def test_block_size_longer_than_the_positional_table(tmp_path):
-    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "debug=fdr", "model.block_size=32", *GPT, *SMALL], tmp_path)
+def test_block_size_longer_than_the_positional_table(tmp_path, small_data):
+    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "debug=fdr", "model.block_size=32", *GPT, *SMALL], tmp_path,
+                      data_dir=small_data)
     with pytest.raises(UserError, match=r"64 tokens is longer than .*model.block_size=32.*data.block_size"):
         train(cfg)
 
 
 @pytest.fixture(scope="module")
 def trained_gpt(tmp_path_factory):
-    """200 steps of the CPU recipe (warmup 20): val loss goes from 4.17 (uniform over 65 characters) to ~2.44."""
+    """200 steps of the CPU recipe (warmup 20) on Tiny Shakespeare: val loss goes from 4.17 (uniform over 65
+    characters) to ~2.44."""
+    real_data("tinyshakespeare")
     out = tmp_path_factory.mktemp("gpt")
     cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "trainer.max_steps=200",
                        "trainer.val_check_interval=200", "trainer.limit_val_batches=10", "scheduler.warmup=20",
                        "test=false", "logger=csv", *GPT, *SMALL], out)
+    train(cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_gpt(tmp_path_factory, small_data):
+    """A checkpoint of the CPU recipe (a smaller GPT, 40 steps) on the small play-like corpus."""
+    out = tmp_path_factory.mktemp("small_gpt")
+    cfg = compose_cfg(["experiment=gpt_shakespeare_char_cpu", "model.n_layer=2", "model.n_embd=64",
+                       "trainer.max_steps=40", "trainer.val_check_interval=40", "trainer.limit_val_batches=2",
+                       "scheduler.warmup=5", "test=false", "logger=csv", *GPT, *SMALL], out, data_dir=small_data)
     train(cfg)
     return out
 
@@ -88,8 +104,8 @@ def test_short_gpt_run_learns_shakespeare(trained_gpt):
     assert df["train/loss"].dropna().iloc[-1] < df["train/loss"].dropna().iloc[0] - 1.0
 
 
-def test_predict_streams_text_from_the_checkpoint(trained_gpt, log_env):
-    ckpt = trained_gpt / "checkpoints" / "last.ckpt"
+def test_predict_streams_text_from_the_checkpoint(small_gpt, log_env):
+    ckpt = small_gpt / "checkpoints" / "last.ckpt"
     out = run_cli("predict.py", f"ckpt_path={ckpt}", "prompt=ROMEO:", "max_new_tokens=80", "temperature=0.8",
                   "top_k=200", "extras.print_config=false", env=log_env | {"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:]
@@ -173,17 +189,18 @@ def test_masked_lm_text_longer_than_the_model_says_shorten_it():
 
 @pytest.mark.parametrize("experiment,objective", [("gpt_shakespeare_char_cpu", "masked"),
                                                   ("bert_shakespeare", "causal")])
-def test_data_objective_against_the_model_is_a_user_error(tmp_path, experiment, objective):
+def test_data_objective_against_the_model_is_a_user_error(tmp_path, small_data, experiment, objective):
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", f"data.objective={objective}", "data.batch_size=4",
-                       *SMALL], tmp_path)
+                       *SMALL], tmp_path, data_dir=small_data)
     with pytest.raises(UserError, match=f"data.objective={objective}, but .* remove the data.objective override"):
         train(cfg)
 
 
-def test_eval_on_text_tokenized_with_another_vocabulary_is_refused(trained_gpt, tmp_path, log_env):
+def test_eval_on_text_tokenized_with_another_vocabulary_is_refused(small_gpt, small_data, tmp_path, log_env):
     text = tmp_path / "other.txt"
     text.write_text("all work and no play makes jack a dull boy\n" * 400)  # fewer characters: another char vocabulary
-    ckpt = trained_gpt / "checkpoints" / "last.ckpt"
-    out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false", env=log_env)
+    ckpt = small_gpt / "checkpoints" / "last.ckpt"
+    out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false", env=log_env,
+                  data_dir=small_data)
     assert out.returncode == 2, out.stdout[-2000:]
     assert "another vocabulary than the model's" in out.stdout and "same corpus and data.tokenizer" in out.stdout
