@@ -175,7 +175,7 @@ def caption_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
 def make_multi30k(root: Path, sizes: dict[str, int] | None = None) -> Path:
     """Multi30k's raw layout: {train,val,test_2016_flickr}.{de,en}.gz, one caption per line."""
     root.mkdir(parents=True, exist_ok=True)
-    sizes = sizes or {"train": 600, "val": 64, "test_2016_flickr": 64}
+    sizes = sizes or {"train": 1200, "val": 64, "test_2016_flickr": 64}
     for i, (split, n) in enumerate(sizes.items()):
         for lang, lines in zip(("de", "en"), caption_pairs(n, seed=i)):
             with gzip.open(root / f"{split}.{lang}.gz", "wt", encoding="utf-8") as fh:

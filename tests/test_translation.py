@@ -1,5 +1,6 @@
 """Seq2seq translation: masks, incremental decoding, beam search, BLEU, a short real run on Multi30k, predict.py,
-and the errors a user can make."""
+and the errors a user can make. Everything but the learning run reads the small Multi30k-like captions of
+tests/fixtures.py."""
 
 from __future__ import annotations
 
@@ -192,6 +193,25 @@ def trained(tmp_path_factory):
     return run_dir, compose_cfg(SHORT, run_dir)
 
 
+# a smaller model for a few steps on the small captions: a checkpoint, W&B media, decoding
+TINY = ["experiment=mt_transformer", "model.n_layer=1", "model.n_embd=64", "model.n_head=4", "model.ffn_hidden=128",
+        "data.batch_size=16", "data.eval_batch_size=32", "trainer.max_epochs=1", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=1", "optimizer.lr=2e-3", "model.num_samples=2", "model.decode.beam_size=3",
+        *FAST]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, small_data):
+    """train.py as a user runs it on the small captions, logging to W&B offline (no API key)."""
+    base = tmp_path_factory.mktemp("mt_small")
+    run_dir = base / "run"
+    env = {"HOME": str(base), "WANDB_API_KEY": "", "WANDB_MODE": "", "ATTNLAB_CACHE_DIR": str(base / "cache"),
+           "ATTNLAB_LOG_DIR": str(base / "logs")}
+    out = run_cli("train.py", *TINY, "logger=wandb", f"hydra.run.dir={run_dir}", env=env, data_dir=small_data)
+    assert out.returncode == 0, out.stdout[-3000:]
+    return run_dir
+
+
 def test_a_short_run_on_multi30k_beats_the_untrained_model(trained):
     run_dir, cfg = trained
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -216,8 +236,8 @@ def test_a_short_run_on_multi30k_beats_the_untrained_model(trained):
     assert len(pngs) == 4 and all(p.stat().st_size > 5_000 for p in pngs)
 
 
-def test_translations_and_alignments_reach_wandb(trained):
-    run_dir, _ = trained
+def test_translations_and_alignments_reach_wandb(small_run):
+    run_dir = small_run
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
     media = offline / "files" / "media"
     (table,) = media.rglob("val/translations*.table.json")
@@ -227,8 +247,8 @@ def test_translations_and_alignments_reach_wandb(trained):
     (test_table,) = media.rglob("test/translations*.table.json")
 
 
-def test_predict_translates_a_sentence_and_a_file(trained, tmp_path, log_env):
-    run_dir, _ = trained
+def test_predict_translates_a_sentence_and_a_file(small_run, tmp_path, log_env):
+    run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
     out = run_cli("predict.py", f"ckpt_path={ckpt}", "text=Ein Mann fährt Fahrrad.", "extras.print_config=false",
                   f"hydra.run.dir={tmp_path}/p1", env=log_env)
@@ -244,17 +264,17 @@ def test_predict_translates_a_sentence_and_a_file(trained, tmp_path, log_env):
     assert len(lines) == 3, out.stdout[-1000:]
 
 
-def test_eval_takes_decoding_settings(trained, tmp_path, log_env):
-    run_dir, _ = trained
+def test_eval_takes_decoding_settings(small_run, small_data, tmp_path, log_env):
+    run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
     out = run_cli("eval.py", f"ckpt_path={ckpt}", "split=val", "decode.val_beam_size=2", "trainer.limit_val_batches=1",
-                  "extras.print_config=false", f"hydra.run.dir={tmp_path}/e", env=log_env)
+                  "extras.print_config=false", f"hydra.run.dir={tmp_path}/e", env=log_env, data_dir=small_data)
     assert out.returncode == 0, out.stdout[-2000:]
     assert "val BLEU" in out.stdout and "(beam 2," in out.stdout, out.stdout[-2000:]
 
 
-def test_a_translation_checkpoint_is_refused_by_an_image_model(trained, tmp_path, log_env):
-    run_dir, _ = trained
+def test_a_translation_checkpoint_is_refused_by_an_image_model(small_run, tmp_path, log_env):
+    run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
     out = run_cli("train.py", "model=vit", "data=digits", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path}/r",
                   env=log_env)
@@ -270,10 +290,9 @@ def test_a_translation_checkpoint_is_refused_by_an_image_model(trained, tmp_path
     ("mt_gru", ["model.hidden=32", "model.emb_dim=16"]),
     ("mt_lstm", ["model.hidden=32", "model.emb_dim=16"]),
 ])
-def test_fast_dev_run_of_each_translation_experiment(tmp_path, experiment, extra):
-    real_data("multi30k")
+def test_fast_dev_run_of_each_translation_experiment(tmp_path, small_data, experiment, extra):
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.eval_batch_size=16", "model.num_samples=1",
-                       *extra, *FAST], tmp_path)
+                       *extra, *FAST], tmp_path, data_dir=small_data)
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["test/ppl"] > 1 and 0 <= metrics["test/bleu"] <= 100
@@ -327,11 +346,12 @@ def test_data_longer_than_the_positional_table_is_refused(tmp_path):
         train(cfg)
 
 
-def test_unknown_language_codes_are_refused(tmp_path):
-    cfg = compose_cfg(["experiment=mt_transformer", "data.src_lang=xx", *FAST], tmp_path)
+def test_unknown_language_codes_are_refused(tmp_path, small_data):
+    cfg = compose_cfg(["experiment=mt_transformer", "data.src_lang=xx", *FAST], tmp_path, data_dir=small_data)
     with pytest.raises(UserError, match="'xx' is not a Multi30k language.*en, de, fr, cs"):
         train(cfg)
-    cfg = compose_cfg(["experiment=mt_transformer", "data.src_lang=en", "data.tgt_lang=en", *FAST], tmp_path)
+    cfg = compose_cfg(["experiment=mt_transformer", "data.src_lang=en", "data.tgt_lang=en", *FAST], tmp_path,
+                      data_dir=small_data)
     with pytest.raises(UserError, match="both 'en'"):
         train(cfg)
 
