@@ -19,7 +19,6 @@ from attnlab.errors import UserError
 from attnlab.nn.unet import UNet
 from attnlab.tasks.segmentation import Segmenter, iou_from_confusion, pad_forward, sliding_window
 from attnlab.utils.seg_media import denormalize
-from conftest import real_data
 
 # ---- joint transforms
 
@@ -206,14 +205,15 @@ def test_settings_the_segmenter_cannot_honour_are_refused():
 # ---- data: the ISBI slices and bad folders
 
 
-def test_membrane_split_and_labels():
-    dm = MembraneDataModule(root=str(real_data("isbi2012_em_membrane")), image_size=128, samples_per_epoch=30)
+def test_membrane_split_and_labels(small_data):
+    root = small_data / "isbi2012_em_membrane"  # 30 slices of 256x256 in the ISBI layout
+    dm = MembraneDataModule(root=str(root), image_size=128, samples_per_epoch=30)
     dm.setup()
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (30, 5, 5)
     assert dm.meta == {"num_classes": 2, "image_size": 128, "channels": 1}
     x, y = dm.val_set[0]
-    assert x.shape == (1, 512, 512) and y.shape == (512, 512)
-    raw = np.asarray(Image.open(real_data("isbi2012_em_membrane") / "label" / "25.png"))
+    assert x.shape == (1, 256, 256) and y.shape == (256, 256)
+    raw = np.asarray(Image.open(root / "label" / "25.png"))
     assert torch.equal(y, torch.from_numpy((raw == 255).astype(np.int64)))  # 255 cell -> 1, 0 membrane -> 0
     x, y = dm.train_set[0]
     assert x.shape == (1, 128, 128) and set(y.unique().tolist()) <= {0, 1}

@@ -1,5 +1,6 @@
 """Segmentation runs through train(cfg): a short real U-Net run on the ISBI membranes, predict.py on its checkpoint,
-fast_dev_run of each segmentation experiment, and the data sets that are not there."""
+fast_dev_run of each segmentation experiment, and the data sets that are not there. All but the real run and its
+predictions read the small membrane-like slices of tests/fixtures.py."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ MEMBRANE = "isbi2012_em_membrane"
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     """80 steps of the membrane recipe on 128 px crops (a minute on 2 CPU cores), validated once at the end."""
+    real_data(MEMBRANE)
     out = tmp_path_factory.mktemp("unet_membrane")
     cfg = compose_cfg(["experiment=unet_membrane", "data.image_size=128", "data.samples_per_epoch=320",
                        "trainer.max_epochs=1", "trainer.num_sanity_val_steps=0", *FAST], out)
@@ -65,7 +67,46 @@ def test_short_membrane_run_beats_the_trivial_prediction(short_run):
     assert grid.size == (3 * 256, 4 * 256)  # image | truth | prediction, for 4 validation slices
 
 
-def test_predict_writes_a_palette_mask_next_to_each_input(short_run, tmp_path):
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, small_data):
+    """2 steps of the membrane recipe on the small slices: a checkpoint to predict with."""
+    out = tmp_path_factory.mktemp("unet_small")
+    train(compose_cfg(["experiment=unet_membrane", "data.image_size=128", "data.samples_per_epoch=8",
+                       "trainer.max_epochs=1", "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=1",
+                       "test=false", *FAST], out, data_dir=small_data))
+    return out
+
+
+def test_predict_writes_a_palette_mask_next_to_each_input(small_run, small_data, tmp_path):
+    slices = small_data / MEMBRANE
+    src = tmp_path / "slices"
+    src.mkdir()
+    for i in (25, 26):
+        shutil.copy(slices / "image" / f"{i}.png", src / f"{i}.png")
+    ckpt = next((small_run / "checkpoints").glob("epoch_*.ckpt"))
+    cfg = compose_cfg([f"ckpt_path={ckpt}", f"input={src}"], tmp_path / "out", config_name="predict")
+    cfg.device = "cpu"
+    written = predict(cfg)
+    assert sorted(p.name for p in written) == ["25_mask.png", "26_mask.png"]
+    mask = Image.open(src / "25_mask.png")
+    assert mask.mode == "P" and mask.size == Image.open(src / "25.png").size == (256, 256)
+    assert mask.getpalette()[:6] == [0, 0, 0, 255, 255, 255]  # membrane black, cell white
+    pred = np.asarray(mask)
+    assert set(np.unique(pred)) <= {0, 1}
+    # the mask is the model's sliding-window segmentation of the slice (256 px, 128 px windows)
+    model = Segmenter.load_from_checkpoint(ckpt, map_location="cpu").eval()
+    dm = MembraneDataModule(root=str(slices), mean=model.mean, std=model.std)
+    dm.setup()
+    x, _ = dm.val_set[0]  # slice 25
+    with torch.no_grad():
+        expected = model.infer(x[None]).argmax(1)[0].numpy()
+    assert np.array_equal(pred, expected)
+    again = predict(compose_cfg([f"ckpt_path={ckpt}", f"input={src / '26.png'}"], tmp_path / "o2",
+                                config_name="predict"))  # a single file; the masks in the folder are not inputs
+    assert [p.name for p in again] == ["26_mask.png"]
+
+
+def test_predicted_masks_of_the_short_run_beat_all_cell(short_run, tmp_path):
     src = tmp_path / "slices"
     src.mkdir()
     for i in (25, 26):
@@ -102,8 +143,9 @@ def offline_hub(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
-def test_fast_dev_run_unet_membrane(tmp_path):
-    train(compose_cfg(["experiment=unet_membrane", "debug=fdr", "data.eval_batch_size=1", *FAST], tmp_path))
+def test_fast_dev_run_unet_membrane(tmp_path, small_data):
+    train(compose_cfg(["experiment=unet_membrane", "debug=fdr", "data.eval_batch_size=1", *FAST], tmp_path,
+                      data_dir=small_data))
     assert (tmp_path / "media").is_dir()
 
 
@@ -119,10 +161,10 @@ def test_fast_dev_run_swin_upernet_ade20k_or_the_missing_data_error(tmp_path, of
         assert "run once with network access" in msg and "data=seg_folder" in msg
 
 
-def test_swin_upernet_on_membrane_slides_its_fixed_size_windows(tmp_path):
+def test_swin_upernet_on_membrane_slides_its_fixed_size_windows(tmp_path, small_data):
     cfg = compose_cfg(["model=segmentation", "data=membrane", "model.backbone=swin_tiny_patch4_window7_224",
                        "model.head=upernet", "data.image_size=128", "data.batch_size=2", "debug=fdr",
-                       "data.eval_batch_size=1", *FAST], tmp_path)
+                       "data.eval_batch_size=1", *FAST], tmp_path, data_dir=small_data)  # 256 px slices
     train(cfg)
 
 
