@@ -305,16 +305,17 @@ def test_fine_tune_and_linear_probe_from_the_pretraining_checkpoint(pretrained, 
         train(compose_cfg(["model.backbone=resnet18", *run], tmp_path / "cnn"))
 
 
-def test_cifar10_experiments_fit_together(tmp_path):
-    """The pretraining experiment's encoder loads into the fine-tuning and scratch experiments' ViT."""
+def test_cifar10_experiments_fit_together(tmp_path, small_data):
+    """The pretraining experiment's encoder loads into the fine-tuning and scratch experiments' ViT (on the small
+    CIFAR-10 PNG zips)."""
     fast = ["data.batch_size=8", "data.num_workers=0", "trainer.max_epochs=1", "trainer.limit_train_batches=1",
             "trainer.limit_val_batches=1", *FAST]
-    train(compose_cfg(["experiment=mae_pretrain_cifar10", *fast], tmp_path / "pre"))
-    cfg = compose_cfg(["experiment=mae_finetune_cifar10", "debug=fdr", *fast], tmp_path / "ft")
+    train(compose_cfg(["experiment=mae_pretrain_cifar10", *fast], tmp_path / "pre", data_dir=small_data))
+    cfg = compose_cfg(["experiment=mae_finetune_cifar10", "debug=fdr", *fast], tmp_path / "ft", data_dir=small_data)
     assert cfg.model.init_from.endswith("mae_pretrain_cifar10") and cfg.optimizer.layer_decay == 0.75
     cfg.model.init_from = str(tmp_path / "pre")  # the newest run under the folder, as with logs/mae_pretrain_cifar10
     train(cfg)
-    cfg = compose_cfg(["experiment=vit_scratch_cifar10", "debug=fdr", *fast], tmp_path / "scratch")
+    cfg = compose_cfg(["experiment=vit_scratch_cifar10", "debug=fdr", *fast], tmp_path / "scratch", data_dir=small_data)
     assert cfg.model.init_from is None and cfg.optimizer.layer_decay is None
     assert cfg.model.backbone_kwargs == compose_cfg(["experiment=mae_finetune_cifar10"], tmp_path).model.backbone_kwargs
     train(cfg)

@@ -21,8 +21,9 @@ def _ckpt(tmp_path: Path, name="last.ckpt") -> Path:
 
 
 @pytest.mark.parametrize("experiment", ["vit_digits", "swin_digits", "vit_cifar10"])
-def test_fast_dev_run_of_each_experiment(tmp_path, experiment):
-    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.batch_size=8", *FAST], tmp_path)
+def test_fast_dev_run_of_each_experiment(tmp_path, small_data, experiment):
+    cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.batch_size=8", *FAST], tmp_path,
+                      data_dir=small_data)  # CIFAR-10: the small PNG zips
     train(cfg)  # one batch of train, val and test
     assert not list(tmp_path.rglob("*.ckpt"))  # a smoke test leaves no checkpoint for ckpt_path=last to find
 
@@ -177,7 +178,7 @@ def test_progress_bar_describes_the_budget(max_epochs, max_steps, expected):
     assert bar._get_train_description(3).strip() == expected
 
 
-def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path):
+def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path, small_data):
     base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
             "trainer.max_epochs=1", *FAST]
     first = train(compose_cfg(base, tmp_path))
@@ -188,7 +189,7 @@ def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_pat
                                         r"resume=false"):
         train(compose_cfg([*base, "model.label_smoothing=0.2"], tmp_path))
     with pytest.raises(UserError, match=r"holds a run of task .*ImageClassifier.*CausalLM.*own directory"):
-        train(compose_cfg(["experiment=gpt_shakespeare_char_cpu", *base], tmp_path))
+        train(compose_cfg(["experiment=gpt_shakespeare_char_cpu", *base], tmp_path, data_dir=small_data))
     assert (tmp_path / "metrics.json").read_text() == before
 
 
@@ -198,6 +199,6 @@ def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_pat
     (["experiment=gpt_shakespeare_char_cpu", "scheduler=onecycle"],
      r"scheduler=onecycle does not take warmup, min_lr_ratio .*~scheduler.warmup ~scheduler.min_lr_ratio"),
 ])
-def test_settings_that_cannot_work_are_refused_before_training(tmp_path, overrides, message):
+def test_settings_that_cannot_work_are_refused_before_training(tmp_path, small_data, overrides, message):
     with pytest.raises(UserError, match=message):
-        train(compose_cfg([*overrides, "debug=fdr", *FAST], tmp_path))
+        train(compose_cfg([*overrides, "debug=fdr", *FAST], tmp_path, data_dir=small_data))
