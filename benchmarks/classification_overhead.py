@@ -102,6 +102,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    if args.epochs < 2:
+        p.error("--epochs must be 2 or more: both loops are timed from the start of their second epoch")
     ratios = []
     print("| repeat | bare images/s | train.py images/s | ratio |\n|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:

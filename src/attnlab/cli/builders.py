@@ -256,7 +256,32 @@ def read_run_metadata(ckpt_path: str) -> dict:
     if not meta:
         raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "
                         "give a checkpoint from <run dir>/checkpoints/.")
-    return dict(meta) | {"global_step": ckpt.get("global_step")}
+    shapes = {k: tuple(v.shape) for k, v in (ckpt.get("state_dict") or {}).items() if hasattr(v, "shape")}
+    return dict(meta) | {"global_step": ckpt.get("global_step"), "shapes": shapes}
+
+
+def check_resumable(meta: dict, model: torch.nn.Module, optimizer_cfg: dict | None, ckpt_path: str) -> None:
+    """A checkpoint continued with ckpt_path= must fit the run being built: its optimizer state the optimizer's
+    kind, its weights the network's shapes (`ckpt_path=last` takes the newest run of the task, whatever its
+    settings)."""
+    before = (meta["config"].get("optimizer") or {}).get("_target_")
+    now = (optimizer_cfg or {}).get("_target_")
+    if before and now and before != now:
+        raise UserError(
+            f"checkpoint {ckpt_path} was trained with optimizer {before}, whose state cannot continue in this run's "
+            f"{now}. Resume with the checkpoint's optimizer (its run's config.yaml), or start a new run without "
+            "ckpt_path."
+        )
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes = meta.get("shapes") or {}
+    wrong = sorted(k for k in own.keys() & shapes.keys() if own[k] != shapes[k])
+    if wrong:
+        shown = ", ".join(f"{k}: {shapes[k]} in the checkpoint, {own[k]} here" for k in wrong[:3])
+        raise UserError(
+            f"checkpoint {ckpt_path} holds a network of other sizes than this run builds ({shown}"
+            f"{', ...' if len(wrong) > 3 else ''}). Resume with the checkpoint's own model and data settings (its "
+            "run's config.yaml), or start a new run without ckpt_path."
+        )
 
 
 def check_same_task(meta: dict, model_target: str, ckpt_path: str, run_dir: bool = False) -> None:

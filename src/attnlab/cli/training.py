@@ -46,6 +46,8 @@ def train(cfg: DictConfig) -> float | None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if in_run_dir:
         builders.check_same_model(meta, resolved["model"], ckpt_path)
+    elif ckpt_path:
+        builders.check_resumable(meta, model, resolved.get("optimizer"), ckpt_path)
     save_resolved_config(cfg, out_dir / "config.yaml")
     wandb_id = meta.get("wandb_run_id")
 

@@ -1,0 +1,247 @@
+"""Every command in README.md's bash blocks, run as written with a few steps appended, so that a documented command
+cannot silently break. Each block runs in order in a fresh folder (a later command uses the runs of earlier ones:
+`ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py). Commands marked
+[GPU], [ImageNet], [multi-node], [SLURM] or [W&B account] need what this machine lacks: their configs are composed
+instead. `python train.py|eval.py|predict.py` runs in-process through the entry points' own functions (start-up
+would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`, benchmarks) runs in one."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+from PIL import Image
+
+from attnlab.config import CONF_DIR
+from conftest import ROOT
+from fixtures import caption_pairs
+
+README = ROOT / "README.md"
+MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account")
+MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
+ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
+         "attnlab.train": "train", "attnlab.eval": "eval", "attnlab.predict": "predict"}
+# a few steps of each run: train.py gets these (what a key the config lacks would need is left out)
+TRAIN_BUDGET = {"trainer.max_steps": 2, "trainer.limit_train_batches": 2, "trainer.limit_val_batches": 1,
+                "trainer.limit_test_batches": 1, "trainer.num_sanity_val_steps": 0, "data.num_workers": 0}
+EVAL_BUDGET = {"trainer.limit_test_batches": 1, "trainer.limit_val_batches": 1}
+BENCHMARK_BUDGET = {
+    "classification_overhead.py": ["--epochs", "2", "--repeats", "1", "trainer.limit_train_batches=2"],
+    "mt_multi30k.py": ["--only", "mt_transformer", "--epochs", "1", "--limit-train-batches", "2",
+                       "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"],
+    "mae_cifar10.py": ["--pretrain-epochs", "1", "--finetune-epochs", "1", "trainer.limit_train_batches=2",
+                       "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.num_workers=0"],
+}
+
+
+@dataclass
+class Command:
+    line: int
+    text: str
+
+    @property
+    def marked(self) -> list[str]:
+        return MARK.findall(self.text)
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.text, comments=True)
+
+
+@dataclass
+class Block:
+    line: int
+    commands: list[Command] = field(default_factory=list)
+
+
+def readme_blocks() -> list[Block]:
+    blocks, current = [], None
+    for n, line in enumerate(README.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            current = Block(n) if current is None and line.strip() == "```bash" else None
+            if current is not None:
+                blocks.append(current)
+            continue
+        if current is not None and line.strip() and not line.lstrip().startswith("#"):
+            current.commands.append(Command(n, line.strip()))
+    return blocks
+
+
+BLOCKS = readme_blocks()
+
+
+def test_the_readme_shows_its_commands_in_bash_blocks():
+    commands = [c for b in BLOCKS for c in b.commands]
+    assert len(commands) >= 40 and all(c.argv for c in commands)
+    programs = {c.argv[0] if c.argv[0] != "python" else c.argv[1] for c in commands if "=" not in c.argv[0]}
+    assert programs >= {"make", "train.py", "eval.py", "predict.py", "-m", "wandb", "cd"}, programs
+
+
+# ---- running one block
+
+
+class Runner:
+    """Runs a block's commands in order in `cwd`, on the small datasets, with logs under cwd/logs."""
+
+    def __init__(self, cwd: Path, data_dir: Path, monkeypatch):
+        self.cwd, self.data_dir, self.last_run = cwd, data_dir, None
+        self.env = {"ATTNLAB_DATA_DIR": str(data_dir), "ATTNLAB_LOG_DIR": str(cwd / "logs"),
+                    "ATTNLAB_CACHE_DIR": str(cwd / ".cache"), "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",
+                    "WANDB_SILENT": "true"}
+        for key, value in self.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("WANDB_API_KEY", raising=False)
+        monkeypatch.chdir(cwd)
+        self.monkeypatch = monkeypatch
+
+    # placeholders of the README, made real: files it names, runs of the block's earlier commands
+    def materialize(self, arg: str) -> str:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            return arg
+        if "<run>" in value or value.startswith(".../"):
+            assert self.last_run is not None, f"{arg}: no earlier run in this block"
+            value = str(self.last_run / "checkpoints" / Path(value).name)
+        elif "<" in value:  # logs/train/runs/<time>/...: the newest match
+            matches = sorted(self.cwd.glob(re.sub(r"<[^>]+>", "*", value)), key=lambda p: p.stat().st_mtime)
+            assert matches, f"{arg}: nothing matches"
+            value = str(matches[-1])
+        elif key in ("input", "data.root") and not Path(value).exists():
+            value = self.make_input(value)
+        return f"{key}={value}"
+
+    def make_input(self, value: str) -> str:
+        path = self.cwd / value.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".de":
+            path.write_text("\n".join(caption_pairs(3, seed=5)[0]) + "\n")
+        elif path.suffix == ".png":  # a membrane slice
+            Image.open(sorted((self.data_dir / "isbi2012_em_membrane" / "image").glob("*.png"))[0]).save(path)
+        else:  # a folder of class folders of images
+            g = __import__("numpy").random.default_rng(0)
+            for c, name in enumerate(("ant", "bee", "cat")):
+                (path / name).mkdir(parents=True, exist_ok=True)
+                for i in range(8):
+                    pixels = (g.random((24, 24, 3)) * 80 + c * 80).astype("uint8")
+                    Image.fromarray(pixels).save(path / name / f"{i}.png")
+        return str(path)
+
+    def run(self, cmd: Command) -> None:
+        argv = cmd.argv
+        env_prefix = {}
+        while argv and re.match(r"^[A-Z_]+=", argv[0]):
+            k, _, v = argv.pop(0).partition("=")
+            env_prefix[k] = v
+        if argv[0] == "cd":
+            self.cwd = ROOT / argv[1]  # the user's folder of the example; runs still go to the block's logs
+            self.monkeypatch.chdir(self.cwd)
+            return
+        if argv[0] == "make":
+            assert argv[1] in ("train", "test"), cmd.text  # make train: test_cli.py; make test: this suite
+            return
+        if argv[0] == "wandb":
+            assert cmd.marked, cmd.text
+            if argv[1] == "sweep":  # its Hydra side is checked in test_sweeps.py
+                assert (ROOT / argv[2]).is_file()
+            return
+        if argv[0] == "python" and argv[1] == "-m":
+            program, args = argv[2], argv[3:]
+        else:
+            assert argv[0] == "python", cmd.text
+            program, args = argv[1], argv[2:]
+        if program.startswith("benchmarks/"):
+            return self.subprocess([str(ROOT / program), *BENCHMARK_BUDGET[Path(program).name]], env_prefix)
+        entry = ENTRY[Path(program).name if program.endswith(".py") else program]
+        args = [self.materialize(a) for a in args]
+        if cmd.marked:
+            return self.compose(entry, [a for a in args if a != "-m"])
+        if any(a.startswith("-") for a in args):  # -m, --cfg, --config-dir: Hydra's own command line
+            extra = budget_args(entry, args)
+            return self.subprocess(["-m", f"attnlab.{entry}", *args, *extra], env_prefix)
+        self.in_process(entry, args)
+
+    def subprocess(self, argv: list[str], env_prefix: dict) -> None:
+        out = subprocess.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        assert out.returncode == 0, f"{' '.join(argv)}\n{out.stdout[-4000:]}"
+        runs = sorted(self.cwd.glob("logs/*/runs/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if runs:
+            self.last_run = runs[-1].parents[1]
+
+    def compose(self, entry: str, args: list[str]):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            return compose(config_name=entry, overrides=args, return_hydra_config=True)
+
+    def in_process(self, entry: str, args: list[str]) -> None:
+        from attnlab.cli.app import run_app
+
+        if entry == "predict":
+            from attnlab.cli.predict import predict as fn, quote_free_text
+
+            args = quote_free_text(args)
+        elif entry == "eval":
+            from attnlab.cli.eval import evaluate as fn
+        else:
+            from attnlab.cli.training import train as fn
+        cfg = self.compose(entry, args)
+        budget = {"train": TRAIN_BUDGET, "eval": EVAL_BUDGET}.get(entry, {})
+        with open_dict(cfg):
+            for key, value in budget.items():
+                group, _, name = key.partition(".")
+                if group in cfg and (name in cfg[group] or group == "trainer"):
+                    cfg[group][name] = value
+            if entry == "train":  # validation within the budget, at most 8 samples a batch
+                vci = cfg.trainer.get("val_check_interval")
+                if isinstance(vci, int) and vci > 2:
+                    cfg.trainer.val_check_interval = 2
+                if isinstance(cfg.data.get("batch_size"), int):
+                    cfg.data.batch_size = min(cfg.data.batch_size, 8)
+            out = Path(cfg.hydra.run.dir)
+            out = out if out.is_absolute() else self.cwd / out
+            while entry == "train" and out.exists() and "hydra.run.dir" not in " ".join(args) and out.parent.name == "runs":
+                out = out.with_name(out.name + "_")  # two runs within a second
+            cfg.hydra.runtime.output_dir = str(out)
+            cfg.hydra.job.num = 0
+        HydraConfig().set_config(cfg)
+        out.mkdir(parents=True, exist_ok=True)
+        with open_dict(cfg):
+            del cfg.hydra
+        try:
+            run_app(fn, cfg)
+        except SystemExit as e:  # a UserError: its paragraph was printed
+            pytest.fail(f"exited with {e.code}")
+        if entry == "train":
+            self.last_run = out
+
+
+def budget_args(entry: str, args: list[str]) -> list[str]:
+    if entry != "train" or "--cfg" in args:
+        return []
+    extra = [f"{k}={v}" for k, v in TRAIN_BUDGET.items()]
+    if any("hparams_search=" in a for a in args):
+        extra.append("hydra.sweeper.n_trials=2")
+    return extra
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
+def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
+    runner = Runner(tmp_path, small_data, monkeypatch)
+    for cmd in block.commands:
+        start = time.perf_counter()
+        try:
+            runner.run(cmd)
+        except Exception as e:
+            raise AssertionError(f"README.md:{cmd.line}: {cmd.text}") from e
+        print(f"README.md:{cmd.line} {time.perf_counter() - start:5.1f} s  {cmd.text[:90]}")
