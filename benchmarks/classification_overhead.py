@@ -101,7 +101,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("overrides", nargs="*")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
     if args.epochs < 2:
         p.error("--epochs must be 2 or more: both loops are timed from the start of their second epoch")
     ratios = []

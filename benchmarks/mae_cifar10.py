@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("--finetune-epochs", type=int, default=10)
     p.add_argument("--linear-probe", action="store_true", help="also a linear probe of the pretrained encoder")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. seed=1")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
     os.environ.setdefault("ATTNLAB_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     args.out.mkdir(parents=True, exist_ok=True)
     common = ["data.num_workers=0", *args.overrides]

@@ -92,7 +92,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "logs" / "benchmarks" / "mt_multi30k")
     p.add_argument("--runs", type=Path, default=None, help="where the run directories go (default: --out)")
     p.add_argument("overrides", nargs="*", help="extra train.py overrides for every run")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
     out_dir = args.out if args.out.suffix != ".md" else args.out.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"

@@ -38,9 +38,9 @@ TRAIN_BUDGET = {"trainer.max_steps": 2, "trainer.limit_train_batches": 2, "train
 EVAL_BUDGET = {"trainer.limit_test_batches": 1, "trainer.limit_val_batches": 1}
 BENCHMARK_BUDGET = {
     "classification_overhead.py": ["--epochs", "2", "--repeats", "1", "trainer.limit_train_batches=2"],
-    "mt_multi30k.py": ["--only", "mt_transformer", "--epochs", "1", "--limit-train-batches", "2",
+    "mt_multi30k.py": ["--out", "{cwd}/benchmark", "--only", "mt_transformer", "--epochs", "1", "--limit-train-batches", "2",
                        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"],
-    "mae_cifar10.py": ["--pretrain-epochs", "1", "--finetune-epochs", "1", "trainer.limit_train_batches=2",
+    "mae_cifar10.py": ["--out", "{cwd}/benchmark", "--pretrain-epochs", "1", "--finetune-epochs", "1", "trainer.limit_train_batches=2",
                        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.num_workers=0"],
 }
 
@@ -160,8 +160,9 @@ class Runner:
         else:
             assert argv[0] == "python", cmd.text
             program, args = argv[1], argv[2:]
-        if program.startswith("benchmarks/"):
-            return self.subprocess([str(ROOT / program), *BENCHMARK_BUDGET[Path(program).name]], env_prefix)
+        if program.startswith("benchmarks/"):  # as written, then the budget (later flags win)
+            budget = [a.format(cwd=self.cwd) for a in BENCHMARK_BUDGET[Path(program).name]]
+            return self.subprocess([str(ROOT / program), *args, *budget], env_prefix)
         entry = ENTRY[Path(program).name if program.endswith(".py") else program]
         args = [self.materialize(a) for a in args]
         if cmd.marked:
