@@ -213,8 +213,8 @@ def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_pa
     assert offline2.name.endswith(run_id)  # the same W&B run continues
 
 
-def test_incompatible_model_and_data_are_refused_with_the_choices(log_env):
-    out = run_cli("train.py", "model=swin", "data=tinyshakespeare", env=log_env)
+def test_incompatible_model_and_data_are_refused_with_the_choices(log_env, small_data):
+    out = run_cli("train.py", "model=swin", "data=tinyshakespeare", env=log_env, data_dir=small_data)
     assert out.returncode == 2 and "Traceback" not in out.stdout
     msg = out.stdout.split("attnlab: error: ")[1]
     assert "model=swin cannot train on data=tinyshakespeare" in msg
