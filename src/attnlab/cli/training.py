@@ -21,6 +21,9 @@ def train(cfg: DictConfig) -> float | None:
     prepare(cfg)
     check_compatible(cfg)  # before anything heavy
     check_schedule_keys(cfg)
+    from attnlab.cli.checks import check_config
+
+    check_config(cfg)  # every constructor's keys, types and ranges
     import lightning as L
 
     from attnlab.callbacks.resume import ResumeDataPosition

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from attnlab.data.samplers import EpochShuffleSampler, ResumableDataLoader
 from attnlab.errors import UserError
+from attnlab.types import NonNegativeInt, PositiveInt
 
 
 def split_by_fraction(n: int, fractions: list[float], seed: int) -> list[list[int]]:
@@ -30,11 +31,11 @@ class BaseDataModule(L.LightningDataModule):
     def __init__(
         self,
         kind: str,
-        batch_size: int = 64,
-        num_workers: int = 0,
+        batch_size: PositiveInt = 64,
+        num_workers: NonNegativeInt = 0,
         pin_memory: bool | None = None,
         seed: int = 42,
-        eval_batch_size: int | None = None,
+        eval_batch_size: PositiveInt | None = None,
     ):
         super().__init__()
         self.kind = kind

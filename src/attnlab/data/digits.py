@@ -9,6 +9,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from attnlab.data.base import split_by_fraction
 from attnlab.data.images import ImageDataModule
+from attnlab.types import Fraction
 
 
 class _Augmented(Dataset):
@@ -30,7 +31,8 @@ class DigitsDataModule(ImageDataModule):
     The split is fixed by `split_seed`, independent of the training seed.
     """
 
-    def __init__(self, test_fraction: float = 0.2, val_fraction: float = 0.1, split_seed: int = 0, **kwargs: Any):
+    def __init__(self, test_fraction: Fraction = 0.2, val_fraction: Fraction = 0.1, split_seed: int = 0,
+                 **kwargs: Any):
         kwargs = {"num_classes": 10, "image_size": 8, "channels": 1,
                   "augment": {"degrees": 10, "translate": 0.1, "scale": (0.9, 1.1)}} | kwargs
         super().__init__(test_fraction=test_fraction, val_fraction=val_fraction, **kwargs)

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from attnlab.data.base import BaseDataModule
 from attnlab.data.transforms import eval_transform, train_transform
 from attnlab.errors import UserError
+from attnlab.types import Fraction, PositiveInt
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -102,12 +103,12 @@ class ImageDataModule(BaseDataModule):
     def __init__(
         self,
         kind: str = "images",
-        num_classes: int | None = None,
-        image_size: int = 224,
-        channels: int = 3,
+        num_classes: PositiveInt | None = None,
+        image_size: PositiveInt = 224,
+        channels: PositiveInt = 3,
         augment: dict[str, Any] | None = None,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_fraction: Fraction = 0.1,
+        test_fraction: Fraction = 0.1,
         **loader: Any,
     ):
         super().__init__(kind=kind, **loader)
@@ -116,6 +117,9 @@ class ImageDataModule(BaseDataModule):
         self.save_hyperparameters(logger=False)
         self.num_classes, self.image_size, self.channels = num_classes, int(image_size), int(channels)
         self.augment = dict(augment or {})
+        if val_fraction + test_fraction >= 1:
+            raise UserError(f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave no "
+                            "training images (they must sum to less than 1): lower them, e.g. 0.1 each.")
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.class_names: list[str] | None = None
 

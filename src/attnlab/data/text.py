@@ -32,6 +32,7 @@ from attnlab.data.samplers import ResumableDataLoader, ResumableSampler
 from attnlab.data.tokenizers import (CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, CharTokenizer, TextTokenizer,
                                      build_tokenizer)
 from attnlab.errors import UserError
+from attnlab.types import Fraction, PositiveInt, UnitInterval
 
 log = logging.getLogger("attnlab")
 
@@ -419,17 +420,17 @@ class TextDataModule(BaseDataModule):
         test_files: list[str] | None = None,
         hub: dict | None = None,
         text_column: str = "text",
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.0,
+        val_fraction: Fraction = 0.1,
+        test_fraction: Fraction = 0.0,
         tokenizer: str = "char",
         tokenizer_vocab_size: int | None = None,
         pretrained_tokenizer: str | None = None,
         lowercase: bool = False,
         min_frequency: int = 2,
         objective: str = "causal",
-        block_size: int = 256,
-        max_length: int = 128,
-        mlm_probability: float = 0.15,
+        block_size: PositiveInt = 256,
+        max_length: PositiveInt = 128,
+        mlm_probability: UnitInterval = 0.15,
         train_samples_per_epoch: int | None = None,
         cache_dir: str = ".cache/attnlab",
         download_hint: str | None = None,

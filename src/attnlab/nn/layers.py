@@ -4,6 +4,7 @@ cross-attention, feed-forward) with pre- or post-norm residuals."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.errors import UserError
 from attnlab.nn.positional import POSITIONAL, ALiBi, RotaryEmbedding
+from attnlab.types import Fraction, PositiveFloat, PositiveInt
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -121,17 +123,17 @@ class ConfigSplit:
 class StackConfig(ConfigSplit):
     """Settings every Transformer stack shares (the GPT decoder, the BERT encoder)."""
 
-    vocab_size: int
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
+    vocab_size: PositiveInt
+    n_layer: PositiveInt = 6
+    n_head: PositiveInt = 6
+    n_embd: PositiveInt = 384
+    dropout: Fraction = 0.0
     bias: bool = False
-    positional: str = "learned"      # learned | sinusoidal | rope | alibi
-    norm: str = "layernorm"          # layernorm | rmsnorm
-    norm_position: str = "pre"       # pre | post
-    ffn: str = "gelu"                # relu | gelu | swiglu
-    ffn_mult: float = 4.0
+    positional: Literal["learned", "sinusoidal", "rope", "alibi"] = "learned"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_position: Literal["pre", "post"] = "pre"
+    ffn: Literal["relu", "gelu", "swiglu"] = "gelu"
+    ffn_mult: PositiveFloat = 4.0
     tie_weights: bool = True
 
     def __post_init__(self):

@@ -8,6 +8,8 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
+from attnlab.types import NonNegativeFloat, UnitInterval
+
 
 def _warmup_steps(warmup: float, total_steps: int) -> int:
     return int(warmup * total_steps) if 0 < warmup < 1 else int(warmup)
@@ -25,18 +27,20 @@ def _schedule(optimizer: Optimizer, total_steps: int, warmup: float, decay) -> d
     return {"scheduler": LambdaLR(optimizer, factor), "interval": "step", "frequency": 1, "name": "lr"}
 
 
-def cosine(optimizer: Optimizer, total_steps: int, warmup: float = 0.05, min_lr_ratio: float = 0.0) -> dict:
+def cosine(optimizer: Optimizer, total_steps: int, warmup: NonNegativeFloat = 0.05,
+           min_lr_ratio: UnitInterval = 0.0) -> dict:
     return _schedule(
         optimizer, total_steps, warmup,
         lambda t: min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)),
     )
 
 
-def linear(optimizer: Optimizer, total_steps: int, warmup: float = 0.05, min_lr_ratio: float = 0.0) -> dict:
+def linear(optimizer: Optimizer, total_steps: int, warmup: NonNegativeFloat = 0.05,
+           min_lr_ratio: UnitInterval = 0.0) -> dict:
     return _schedule(optimizer, total_steps, warmup, lambda t: 1 - (1 - min_lr_ratio) * t)
 
 
-def constant(optimizer: Optimizer, total_steps: int, warmup: float = 0) -> dict:
+def constant(optimizer: Optimizer, total_steps: int, warmup: NonNegativeFloat = 0) -> dict:
     return _schedule(optimizer, total_steps, warmup, lambda t: 1.0)
 
 

@@ -146,6 +146,12 @@ class BaseTask(L.LightningModule):
         return lr
 
     # ---- hooks the platform uses
+    @classmethod
+    def net_config(cls, settings: dict) -> type | None:
+        """The network's config dataclass, when the task's **kwargs are the network's settings (GPTConfig for
+        CausalLM): the config checks take its fields as the task's."""
+        return None
+
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for `perf/mfu`; None when unknown."""
         return None

@@ -15,6 +15,7 @@ import attnlab.nn.timm_compact  # noqa: F401  (registers vit_compact with timm)
 from attnlab.errors import UserError
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import log_table, samples_wanted, to_display
+from attnlab.types import Fraction
 
 
 def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
@@ -126,8 +127,8 @@ class ImageClassifier(BaseTask):
         in_chans: int = 3,
         pretrained: bool = False,
         backbone_kwargs: dict | None = None,
-        drop_path_rate: float = 0.0,
-        label_smoothing: float = 0.0,
+        drop_path_rate: Fraction = 0.0,
+        label_smoothing: Fraction = 0.0,
         mixup: dict | None = None,
         class_names: list[str] | None = None,
         init_from: str | None = None,

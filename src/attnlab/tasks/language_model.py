@@ -126,6 +126,10 @@ class CausalLM(_LanguageModel):
     objective = "causal"
     length_key = "block_size"
 
+    @classmethod
+    def net_config(cls, settings: dict) -> type:
+        return GPTConfig
+
     def __init__(self, vocab_size: int, block_size: int = 256, objective: str = "causal",
                  tokenizer: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
                  sample_prompt: str | None = "\n", sample_temperature: float = 0.8, sample_top_k: int | None = 200,
@@ -238,6 +242,10 @@ class MaskedLM(_LanguageModel):
 
     objective = "masked"
     length_key = "max_length"
+
+    @classmethod
+    def net_config(cls, settings: dict) -> type:
+        return BertConfig
 
     def __init__(self, vocab_size: int, max_length: int = 128, objective: str = "masked",
                  tokenizer: str | None = None, num_samples: int = 2, **kwargs: Any):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from annotated_types import Interval
 from torch import nn
 from torchmetrics import MeanMetric
 
@@ -47,7 +48,7 @@ class MAEPretrainer(BaseTask):
         decoder_dim: int = 512,
         decoder_depth: int = 8,
         decoder_heads: int = 16,
-        mask_ratio: float = 0.75,
+        mask_ratio: Annotated[float, Interval(gt=0, lt=1)] = 0.75,
         norm_pix_loss: bool = True,
         media_images: int = 8,
         mean: list[float] | None = None,

@@ -40,6 +40,10 @@ class Translator(BaseTask):
         grad_clip: gradient norm clipping when trainer.gradient_clip_val is not set (0: none).
     """
 
+    @classmethod
+    def net_config(cls, settings: dict) -> type | None:
+        return get_class(settings["net"]).config_class if settings.get("net") else None
+
     def __init__(self, net: str, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0, bos_id: int = 2,
                  eos_id: int = 3, label_smoothing: float = 0.1, decode: dict | None = None, num_alignments: int = 4,
                  num_samples: int = 8, grad_clip: float = 1.0, src_tokenizer: str | None = None,

@@ -1,0 +1,234 @@
+"""Typed checks of the whole composed config, before any data is read or model built.
+
+Every node with a `_target_` (the task, the data module, the optimizer, the schedule, callbacks, loggers, the
+Trainer) is checked against the constructor it names: keys it does not take (with the closest names it does take),
+values of the wrong type (against the constructor's type hints, with pydantic), and the ranges declared on the
+parameters themselves (`Annotated[float, Ge(0)]`, annotated_types). Optimizers and schedules are then built once on
+a dummy parameter, so that the library's own range checks (torch's "Invalid learning rate") speak in config keys.
+All problems are reported together, in one paragraph each, with the key, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import inspect
+import typing
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from attnlab.config import PLATFORM_KEYS, named_parameters
+from attnlab.errors import UserError
+
+# top-level nodes that are the platform's own settings, not constructors
+_SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
+_BASES = ("lightning.", "torch.nn.modules.module")  # bases whose **kwargs end the parameters a class names
+
+
+def check_config(cfg: DictConfig) -> None:
+    problems: list[str] = []
+    for path, node in _target_nodes(cfg):
+        problems += _check_node(path, node)
+    for path in ("optimizer", "scheduler"):
+        if not problems and isinstance(cfg.get(path), DictConfig) and cfg[path].get("_target_"):
+            problems += _try_build(cfg, path)
+    if problems:
+        raise UserError(" ".join(problems[:6]) + (f" ({len(problems) - 6} more problems.)" if len(problems) > 6 else ""))
+
+
+def _target_nodes(cfg: DictConfig, prefix: str = ""):
+    for key in cfg:
+        if not prefix and key in _SKIP:
+            continue
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            path = f"{prefix}{key}"
+            if "_target_" in node:
+                yield path, node
+            else:
+                yield from _target_nodes(node, f"{path}.")
+
+
+@functools.lru_cache(maxsize=None)
+def _target(target: str):
+    from hydra.utils import get_object
+
+    return get_object(target)
+
+
+def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:
+    """(parameters by name, their type hints, whether unknown keywords are accepted). A class's own parameters, those
+    of the network config its **kwargs fill (a task's `net_config`), and those of the bases the rest reach."""
+    if not inspect.isclass(fn):
+        sig = inspect.signature(fn)
+        return dict(sig.parameters), _hints(fn), any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    params, hints = {}, {}
+
+    def add(init) -> inspect.Signature:
+        sig = inspect.signature(init)
+        init_hints = _hints(init)
+        for name, p in sig.parameters.items():
+            if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in params:
+                params[name] = p
+                hints[name] = init_hints.get(name, inspect.Parameter.empty)
+        return sig
+
+    net_config = getattr(fn, "net_config", None)
+    config_cls = net_config(settings) if callable(net_config) else None
+    for klass in inspect.getmro(fn):
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            sig = add(init)
+        except (TypeError, ValueError):
+            return params, hints, True
+        if config_cls is not None and klass is fn:  # a dataclass: its fields' hints, each in its own module
+            class_hints = _hints(config_cls)
+            for f in dataclasses.fields(config_cls):
+                if f.init and f.name not in params:
+                    params[f.name] = inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY)
+                    hints[f.name] = class_hints.get(f.name, inspect.Parameter.empty)
+        if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+            return params, hints, False
+        if klass.__module__.startswith(_BASES) or not klass.__module__.startswith("attnlab"):
+            return params, hints, True  # **kwargs that go somewhere we do not follow
+    return params, hints, True
+
+
+def _hints(fn) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # a hint that cannot be evaluated here: that parameter goes unchecked
+        return {}
+
+
+def _check_node(path: str, node: DictConfig) -> list[str]:
+    target = node._target_
+    group = path.split(".")[0]
+    try:
+        fn = _target(target)
+    except Exception as e:
+        return [f"{path}._target_={target} cannot be imported ({e.__cause__ or e}): check the dotted path; its package "
+                "must be importable (installed, on PYTHONPATH, in the working directory, or in extras.imports)."]
+    try:
+        settings = {str(k): node._get_node(k)._value() for k in node}  # raw: enough to pick a network config
+        params, hints, open_ended = _signature(fn, settings)
+    except (TypeError, ValueError):
+        return []
+    platform = set(PLATFORM_KEYS.get(group, {})) if path == group else set()
+    taken = named_parameters(fn) if inspect.isclass(fn) else set(params)
+    problems = []
+    for key in node:
+        key = str(key)
+        if key.startswith("_") or key in platform - taken:
+            continue
+        if key not in params:
+            if not open_ended:
+                close = difflib.get_close_matches(key, list(params), n=3, cutoff=0.6)
+                takes = f"; it takes {', '.join(sorted(params))}" if len(params) <= 12 else ""
+                hint = f" Did you mean {' or '.join(close)}?" if close else ""
+                problems.append(f"{path}.{key} is not a setting of {target}{takes}.{hint} Remove it "
+                                f"(~{path}.{key} on the command line) or fix its name.")
+            continue
+        problem = _check_value(path, key, node, hints.get(key, inspect.Parameter.empty))
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
+    if hint is inspect.Parameter.empty or hint is Any:
+        return None
+    raw = node._get_node(key)
+    try:
+        value = OmegaConf.to_container(node, resolve=True)[key] if isinstance(raw, (DictConfig, ListConfig)) \
+            else node[key]
+    except Exception:
+        return None  # an interpolation resolved later (e.g. from Hydra's runtime)
+    if value is None and OmegaConf.is_interpolation(node, key) and "data." in str(raw._value()):
+        return None  # found by the data (num_classes of a folder) once it is read
+    if value is None and path == "optimizer" and key == "lr" and node.get("blr") is not None:
+        return None  # blr x effective batch / 256, once the batch is known
+    if isinstance(value, dict) and "_target_" in value:
+        return None  # built by its own node
+    adapter = _adapter(hint)
+    if adapter is None:
+        return None
+    from pydantic import ValidationError
+
+    try:
+        adapter.validate_python(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else "" for p in err.get("loc", ()))
+        name = f"{path}.{key}{where}"
+        if OmegaConf.is_interpolation(node, key):  # name the key the user set: seed, not data.seed
+            name = f"{str(raw._value()).strip('${}')} (as {name})"
+        msg = "not one of the accepted values" if err["type"] == "literal_error" else err["msg"]
+        return (f"{name}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected {_type_name(hint)}). Give it a "
+                "value of that kind.")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter_cached(hint):
+    from pydantic import ConfigDict, TypeAdapter
+
+    return TypeAdapter(hint, config=ConfigDict(arbitrary_types_allowed=True))
+
+
+def _adapter(hint):
+    try:
+        return _adapter_cached(hint)
+    except Exception:  # a type pydantic cannot check (a tensor, a callable): left to the constructor
+        return None
+
+
+def _type_name(hint) -> str:
+    """`int or None`, `one of 'a', 'b', 16`, `float >= 0`: the expected value as a user reads it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+        limits = [f"{sign} {getattr(m, op)}" for m in args[1:] for op, sign in ops.items()
+                  if getattr(m, op, None) is not None]
+        return f"{_type_name(args[0])} {' and '.join(limits)}".strip()
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        literals = [repr(a) for arg in args for a in typing.get_args(arg) if typing.get_origin(arg) is typing.Literal]
+        others = [_type_name(a) for a in args if typing.get_origin(a) is not typing.Literal]
+        return " or ".join(([f"one of {', '.join(literals)}"] if literals else []) + others)
+    if hint is type(None):
+        return "None"
+    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
+
+
+def _try_build(cfg: DictConfig, path: str) -> list[str]:
+    """Build the optimizer (or the schedule, on an SGD) for one dummy parameter: the library's own checks of
+    ranges (a negative lr, betas outside [0, 1)) then name the config key."""
+    import torch
+    from hydra.utils import instantiate
+
+    node = OmegaConf.to_container(cfg[path], resolve=True)
+    for key in PLATFORM_KEYS.get(path, {}):
+        node.pop(key, None)
+    if path == "optimizer" and node.get("lr") is None:
+        node["lr"] = 1e-3  # from optimizer.blr, known once the batch size is
+    param = torch.nn.Parameter(torch.zeros(1))
+    try:
+        factory = instantiate(node)
+        if path == "optimizer":
+            factory([param])
+        else:
+            factory(optimizer=torch.optim.SGD([param], lr=0.1), total_steps=100)
+    except (ValueError, TypeError, AssertionError, UserError) as e:
+        from hydra.core.hydra_config import HydraConfig
+
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        name = choices.get(path) or node.get("_target_")
+        return [f"{path}={name} refuses its settings ({', '.join(f'{k}={v}' for k, v in node.items() if not k.startswith('_'))}): "
+                f"{str(e).splitlines()[0]}. Fix the {path}.* value it names."]
+    return []
