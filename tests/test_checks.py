@@ -65,3 +65,37 @@ def test_the_command_line_gets_one_paragraph_and_exit_code_2(tmp_path, log_env):
     out = run_cli("train.py", "trainer.max_epochs=abc", env=log_env)
     assert out.returncode == 2 and "Traceback" not in out.stdout
     assert "attnlab: error: trainer.max_epochs='abc' is refused" in out.stdout
+
+
+# ---- data that cannot be read, folders that cannot be written: named with the fix
+
+
+def test_text_that_is_not_utf8_names_the_file_and_how_to_convert_it(tmp_path):
+    latin = tmp_path / "notes.txt"
+    latin.write_bytes("Caf\u00e9 au lait, cr\u00e8me br\u00fbl\u00e9e.\n".encode("latin-1") * 200)
+    cfg = compose_cfg(["model=gpt_char", "data=text", f"data.files=[{latin}]", "debug=fdr", *FAST], tmp_path / "run")
+    with pytest.raises(UserError, match=rf"{latin} is not UTF-8 text .*iconv -f latin1 -t utf-8 notes.txt"):
+        train(cfg)
+
+
+@pytest.mark.parametrize("layout, message", [
+    ({"cat": 4}, r"holds one class \(cat\): a classifier needs two classes or more"),
+    ({"cat": 4, "dog": 0}, r"class folder .*dog holds no images"),
+])
+def test_an_image_folder_with_one_or_an_empty_class_is_refused(tmp_path, layout, message):
+    from PIL import Image
+
+    for name, n in layout.items():
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(n):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / "images" / name / f"{i}.png")
+    cfg = compose_cfg(["data=imagefolder", f"data.root={tmp_path / 'images'}", "debug=fdr", *FAST], tmp_path / "run")
+    with pytest.raises(UserError, match=message):
+        train(cfg)
+
+
+def test_a_log_folder_under_a_file_is_refused_before_hydra_makes_the_run_directory(tmp_path):
+    (tmp_path / "afile").write_text("")
+    out = run_cli("train.py", f"paths.log_dir={tmp_path / 'afile' / 'logs'}")
+    assert out.returncode == 2 and "Traceback" not in out.stdout
+    assert f"{tmp_path / 'afile'} is a file, not a folder" in out.stdout

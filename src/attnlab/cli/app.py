@@ -65,6 +65,30 @@ def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
         _fail(e)
 
 
+# where a run writes, from the environment or the command line: checked before Hydra creates the run directory
+_OUTPUT_ENV = ("ATTNLAB_LOG_DIR", "ATTNLAB_CACHE_DIR")
+_OUTPUT_KEYS = ("paths.log_dir", "paths.cache_dir", "paths.root_dir", "hydra.run.dir", "hydra.sweep.dir")
+
+
+def check_output_paths(argv: list[str]) -> None:
+    """A log or cache folder that cannot be created (a path under a regular file) or written is named with the
+    fix, instead of Hydra's traceback when it makes the run directory."""
+    given = [(k, os.environ[k]) for k in _OUTPUT_ENV if os.environ.get(k)]
+    for arg in argv:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if sep and key in _OUTPUT_KEYS and value and "${" not in value:
+            given.append((key, value))
+    for name, value in given:
+        path = Path(value).expanduser().absolute()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise UserError(f"{name}={value} cannot be created: {existing} is a file, not a folder. Point {name} at a "
+                            "folder (it is created when missing).")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"{name}={value} cannot be written: this user may not write in {existing}. Point {name} "
+                            "at a folder you can write to.")
+
+
 def _fail(e: BaseException) -> None:
     msg = user_message(e)
     print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)

@@ -11,10 +11,19 @@ register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
-def main(cfg: DictConfig) -> dict | None:
+def _main(cfg: DictConfig) -> dict | None:
     from attnlab.cli.app import run_app
 
     return run_app(evaluate, cfg)
+
+
+def main() -> dict | None:
+    import sys
+
+    from attnlab.cli.app import check_output_paths, fail_before_hydra
+
+    fail_before_hydra(check_output_paths, sys.argv[1:])
+    return _main()
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:

@@ -36,7 +36,10 @@ def _main(cfg: DictConfig):
 
 
 def main():
+    from attnlab.cli.app import check_output_paths, fail_before_hydra
+
     sys.argv = quote_free_text(sys.argv)
+    fail_before_hydra(check_output_paths, sys.argv[1:])
     return _main()
 
 

@@ -21,10 +21,11 @@ def _main(cfg: DictConfig) -> float | None:
 
 
 def main() -> float | None:
-    from attnlab.cli.app import fail_before_hydra
+    from attnlab.cli.app import check_output_paths, fail_before_hydra
     from attnlab.cli.plugins import check_plugins
 
     fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
+    fail_before_hydra(check_output_paths, sys.argv[1:])
     return _main()
 
 

@@ -49,6 +49,9 @@ class ImageFolderDataModule(ImageDataModule):
                 f"no images found under {self.root}: expected <class>/<image> folders with files ending in "
                 ".jpg/.png/... (or train/<class>/<image>)."
             )
+        if len(classes) == 1:
+            raise UserError(f"{self.root} holds one class ({classes[0]}): a classifier needs two classes or more, "
+                            "each a folder of its images.")
         self.check_num_classes(len(classes), str(self.root))
         self.class_names = classes
         return splits

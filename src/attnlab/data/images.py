@@ -87,13 +87,17 @@ def image_files(input_path: str | Path | None, skip_suffix: str | None = None) -
 
 
 def scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """root/<class>/<image files> -> (sorted class names, [(path, class index)])."""
+    """root/<class>/<image files> -> (sorted class names, [(path, class index)]); a class folder without images is
+    refused."""
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     samples = []
     for idx, name in enumerate(classes):
-        for path in sorted((root / name).rglob("*")):
-            if path.suffix.lower() in IMAGE_EXTENSIONS:
-                samples.append((str(path), idx))
+        found = [(str(path), idx) for path in sorted((root / name).rglob("*"))
+                 if path.suffix.lower() in IMAGE_EXTENSIONS]
+        if not found:
+            raise UserError(f"class folder {root / name} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}): "
+                            "put the class's images in it, or remove the folder.")
+        samples += found
     return classes, samples
 
 

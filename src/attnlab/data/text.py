@@ -119,12 +119,19 @@ def file_source(name: str, files: list[str], text_column: str, hint: str | None)
 
     def docs() -> Iterator[str]:
         for p in paths:
-            if p.suffix == ".txt":
-                yield from _txt_docs(p)
-            elif p.suffix == ".jsonl":
-                yield from _jsonl_docs(p, text_column)
-            else:
-                yield from _parquet_docs(p, text_column)
+            try:
+                if p.suffix == ".txt":
+                    yield from _txt_docs(p)
+                elif p.suffix == ".jsonl":
+                    yield from _jsonl_docs(p, text_column)
+                else:
+                    yield from _parquet_docs(p, text_column)
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{p} is not UTF-8 text ({e.reason} at byte {e.start}), the encoding attnlab reads text in. "
+                    f"Convert it from the encoding it was written in, e.g. from Latin-1: `iconv -f latin1 -t utf-8 "
+                    f"{p.name} > {p.stem}.utf8{p.suffix}`, and point data.files at the converted file."
+                ) from None
 
     records = paths[0].suffix != ".txt"
     return Source(name, {"files": [file_identity(p) for p in paths], "column": text_column if records else None},
