@@ -99,3 +99,26 @@ def test_a_log_folder_under_a_file_is_refused_before_hydra_makes_the_run_directo
     out = run_cli("train.py", f"paths.log_dir={tmp_path / 'afile' / 'logs'}")
     assert out.returncode == 2 and "Traceback" not in out.stdout
     assert f"{tmp_path / 'afile'} is a file, not a folder" in out.stdout
+
+
+def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_last_checkpoint(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from attnlab.callbacks.signals import SignalGuard
+
+    (tmp_path / "last.ckpt").write_bytes(b"saved")
+    exits = []
+    monkeypatch.setattr("os._exit", exits.append)
+    guard = SignalGuard(patience_s=30)
+    guard._trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(last_model_path=str(tmp_path / "last.ckpt")))
+    guard.step_started = __import__("time").monotonic()
+    guard.on_sigterm(15, None)
+    assert exits == []  # the first, mid-step: Lightning saves after the step
+    guard.on_sigterm(15, None)
+    assert exits == [143]
+
+    late = SignalGuard(patience_s=30)
+    late._trainer = guard._trainer
+    late.step_started = __import__("time").monotonic() - 45  # a step running for 45 s
+    late.on_sigterm(15, None)
+    assert exits == [143, 143]

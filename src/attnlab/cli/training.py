@@ -28,6 +28,7 @@ def train(cfg: DictConfig) -> float | None:
 
     from attnlab.callbacks.resume import ResumeDataPosition
     from attnlab.callbacks.run_metadata import RunMetadata
+    from attnlab.callbacks.signals import SignalGuard
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
 
     L.seed_everything(cfg.seed, workers=True)
@@ -55,7 +56,8 @@ def train(cfg: DictConfig) -> float | None:
     wandb_id = meta.get("wandb_run_id")
 
     loggers = builders.build_loggers(cfg, wandb_resume_id=wandb_id, resuming=bool(ckpt_path))
-    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition()]
+    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition(),
+                                                                              SignalGuard()]
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
