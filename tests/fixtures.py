@@ -3,14 +3,15 @@
 `small_data` is a data folder laid out like ../shared/data (and like `make data`'s ./data), with a small made-up
 copy of each dataset the tests read:
 
-    tinyshakespeare/input.txt                      ~600 lines of play-like text with Tiny Shakespeare's 65 characters
-    multi30k/{train,val,test_2016_flickr}.{de,en}.gz   German-English image captions, line-aligned, gzipped
-    mnist/t10k-{images-idx3,labels-idx1}-ubyte.gz  IDX files of 300 28x28 digits (the test set only, as the offline copy)
+    tinyshakespeare/input.txt                      ~730 lines (21 kB) of play-like text in Tiny Shakespeare's 65 chars
+    multi30k/{train,val,test_2016_flickr}.{de,en}.gz   1200 / 64 / 64 German-English captions, line-aligned, gzipped
+    mnist/t10k-{images-idx3,labels-idx1}-ubyte.gz  IDX files of 300 28x28 digits (a test set only, as the offline copy)
     cifar10/cifar10_test.zip, cifar10_train_subset_20_per_class.zip   32x32 RGB PNGs as <split>/<class>/*.png
     isbi2012_em_membrane/{image,label}/<0..29>.png 30 grayscale 256x256 slices, masks 255 cell / 0 membrane
     wikitext2/{valid,test}.txt                     WikiText-style tokenized text (no train.txt, as the offline copy)
 
-Point `paths.data_dir` (compose_cfg(..., data_dir=small_data)) or ATTNLAB_DATA_DIR (run_cli(..., env=...)) at it.
+Point `paths.data_dir` (compose_cfg(..., data_dir=small_data)) or ATTNLAB_DATA_DIR (run_cli(..., data_dir=small_data))
+at it.
 The builders (make_*) also make variants in a test's own folder, e.g. MNIST as plain IDX files with a train set.
 Tests of learning on the real data read ATTNLAB_DATA_DIR through conftest.real_data instead.
 """
@@ -87,7 +88,7 @@ _ENDS = [".", ".", ".", "!", "?", ";", ":", ","]
 
 
 def shakespeare_text(seed: int = 0, speeches: int = 160) -> str:
-    """A play-like text with exactly Tiny Shakespeare's 65 characters (~600 lines, ~25 kB): speaker lines
+    """A play-like text with exactly Tiny Shakespeare's 65 characters (~730 lines, 21 kB): speaker lines
     ("ROMEO:"), a few lines of verse each, speeches separated by blank lines."""
     rng = random.Random(seed)
     out = [_OPENING]

@@ -153,8 +153,11 @@ def test_imagefolder_split_by_fraction_and_by_folders(tmp_path):
 def test_imagefolder_errors(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         ImageFolderDataModule(kind="images", root=str(tmp_path / "missing"))
-    (tmp_path / "empty" / "cat").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no images found"):
+        ImageFolderDataModule(kind="images", root=str(tmp_path / "empty"))
+    (tmp_path / "empty" / "cat").mkdir()
+    with pytest.raises(UserError, match=r"class folder .*empty/cat holds no images"):
         ImageFolderDataModule(kind="images", root=str(tmp_path / "empty"))
     _make_tree(tmp_path / "three", classes=("a", "b", "c"), n=2)
     with pytest.raises(UserError, match="data.num_classes=5 but .* has 3 classes"):
