@@ -122,3 +122,17 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
     late.step_started = __import__("time").monotonic() - 45  # a step running for 45 s
     late.on_sigterm(15, None)
     assert exits == [143, 143]
+
+
+def test_ckpt_path_refuses_a_checkpoint_of_another_optimizer_or_network_size(tmp_path):
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false",
+             *FAST]
+    train(compose_cfg(["optimizer=sgd", *short], tmp_path / "sgd"))
+    last = tmp_path / "sgd" / "checkpoints" / "last.ckpt"
+    with pytest.raises(UserError, match=r"trained with optimizer torch.optim.SGD, whose state cannot continue in this "
+                                        r"run's torch.optim.AdamW"):
+        train(compose_cfg([f"ckpt_path={last}", *short], tmp_path / "adamw"))
+    with pytest.raises(UserError, match=r"holds a network of other sizes than this run builds \(net\..*in the "
+                                        r"checkpoint"):
+        train(compose_cfg(["optimizer=sgd", "+model.backbone_kwargs.embed_dim=64", f"ckpt_path={last}", *short],
+                          tmp_path / "wider"))
