@@ -136,3 +136,17 @@ def test_ckpt_path_refuses_a_checkpoint_of_another_optimizer_or_network_size(tmp
                                         r"checkpoint"):
         train(compose_cfg(["optimizer=sgd", "+model.backbone_kwargs.embed_dim=64", f"ckpt_path={last}", *short],
                           tmp_path / "wider"))
+
+
+@pytest.mark.parametrize("config_name, overrides, message", [
+    ("train", ["global_batch_size=0"], r"global_batch_size=0 is refused: .*\(expected int >= 1 or None\)"),
+    ("train", ["train=maybe"], r"train='maybe' is refused: .*\(expected bool\)"),
+    ("eval", ["ckpt_path=x.ckpt", "split=train"], r"split='train' is refused: not one of the accepted values "
+                                                  r"\(expected one of 'test', 'val'\)"),
+    ("eval", ["ckpt_path=x.ckpt", "trainer.limit_test_batches=abc"], r"trainer.limit_test_batches='abc' is refused"),
+])
+def test_the_entry_configs_own_keys_are_checked_the_same_way(config_name, overrides, message, tmp_path):
+    cfg = compose_cfg(overrides, tmp_path, config_name=config_name)
+    prepare(cfg)
+    with pytest.raises(UserError, match=message):
+        check_config(cfg)

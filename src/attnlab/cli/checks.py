@@ -21,14 +21,33 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.config import PLATFORM_KEYS, named_parameters
 from attnlab.errors import UserError
+from attnlab.types import PositiveInt
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
 _BASES = ("lightning.", "torch.nn.modules.module")  # bases whose **kwargs end the parameters a class names
 
 
+@dataclasses.dataclass
+class RunSettings:
+    """The entry configs' own top-level keys (train.yaml, eval.yaml), checked like a constructor's."""
+
+    seed: int = 42
+    train: bool = True
+    test: bool = True
+    resume: bool = True
+    global_batch_size: PositiveInt | None = None
+    task_name: str = "train"
+    optimized_metric: str | None = None
+    split: typing.Literal["test", "val"] = "test"
+
+
 def check_config(cfg: DictConfig) -> None:
     problems: list[str] = []
+    hints = _hints(RunSettings)
+    for key in hints:
+        if key in cfg:
+            problems += filter(None, [_check_value("", key, cfg, hints[key])])
     for path, node in _target_nodes(cfg):
         problems += _check_node(path, node)
     for path in ("optimizer", "scheduler"):
@@ -164,7 +183,7 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
     except ValidationError as e:
         err = e.errors()[0]
         where = "".join(f"[{p}]" if isinstance(p, int) else "" for p in err.get("loc", ()))
-        name = f"{path}.{key}{where}"
+        name = f"{path}.{key}{where}" if path else f"{key}{where}"
         if OmegaConf.is_interpolation(node, key):  # name the key the user set: seed, not data.seed
             name = f"{str(raw._value()).strip('${}')} (as {name})"
         msg = "not one of the accepted values" if err["type"] == "literal_error" else err["msg"]

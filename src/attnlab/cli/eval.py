@@ -39,9 +39,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from attnlab.cli import builders
     from attnlab.errors import UserError
 
+    from attnlab.cli.checks import check_config
+
     log = logging.getLogger("attnlab")
-    if cfg.split not in ("test", "val"):
-        raise UserError(f"split={cfg.split} is not a split eval.py knows: use split=test or split=val.")
+    check_config(cfg)  # the split, the trainer's and loggers' settings
     ckpt = builders.required_checkpoint(cfg, "eval.py")
     meta = builders.read_run_metadata(ckpt)
     run_cfg = OmegaConf.create(meta["config"])
