@@ -44,10 +44,10 @@ class RunSettings:
 
 def check_config(cfg: DictConfig) -> None:
     problems: list[str] = []
-    hints = _hints(RunSettings)
-    for key in hints:
-        if key in cfg:
-            problems += filter(None, [_check_value("", key, cfg, hints[key])])
+    for key, hint in _hints(RunSettings).items():
+        problem = _check_value("", key, cfg, hint) if key in cfg else None
+        if problem:
+            problems.append(problem)
     for path, node in _target_nodes(cfg):
         problems += _check_node(path, node)
     for path in ("optimizer", "scheduler"):
