@@ -3,6 +3,8 @@ signatures, type hints and declared ranges. Each kind of mistake is covered once
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from attnlab.cli.checks import check_config
@@ -111,7 +113,7 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
     monkeypatch.setattr("os._exit", exits.append)
     guard = SignalGuard(patience_s=30)
     guard._trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(last_model_path=str(tmp_path / "last.ckpt")))
-    guard.step_started = __import__("time").monotonic()
+    guard.step_started = time.monotonic()
     guard.on_sigterm(15, None)
     assert exits == []  # the first, mid-step: Lightning saves after the step
     guard.on_sigterm(15, None)
@@ -119,7 +121,7 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
 
     late = SignalGuard(patience_s=30)
     late._trainer = guard._trainer
-    late.step_started = __import__("time").monotonic() - 45  # a step running for 45 s
+    late.step_started = time.monotonic() - 45  # a step running for 45 s
     late.on_sigterm(15, None)
     assert exits == [143, 143]
 

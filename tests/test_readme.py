@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -129,7 +130,7 @@ class Runner:
         elif path.suffix == ".png":  # a membrane slice
             Image.open(sorted((self.data_dir / "isbi2012_em_membrane" / "image").glob("*.png"))[0]).save(path)
         else:  # a folder of class folders of images
-            g = __import__("numpy").random.default_rng(0)
+            g = np.random.default_rng(0)
             for c, name in enumerate(("ant", "bee", "cat")):
                 (path / name).mkdir(parents=True, exist_ok=True)
                 for i in range(8):
