@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from attnlab.cli.builders import build_datamodule
 from attnlab.cli.checks import check_config
 from attnlab.cli.training import train
 from attnlab.config import CONF_DIR, prepare
@@ -42,6 +43,16 @@ def test_every_packaged_config_passes_the_checks(overrides, tmp_path):
     (["data.batch_size=0"], r"data.batch_size=0 is refused: .*\(expected int >= 1\)"),
     (["scheduler=cosine", "scheduler.warmup=-5"], r"scheduler.warmup=-5 is refused: .*\(expected float >= 0\)"),
     (["data.val_fraction=1.5"], r"data.val_fraction=1.5 is refused: .*\(expected float >= 0 and < 1\)"),
+    # a relation to another setting, declared on the parameter (MultipleOf)
+    (["model=gpt_char", "data=tinyshakespeare", "model.n_embd=100", "model.n_head=3"],
+     r"model.n_embd=100 is refused: it must be a multiple of model.n_head=3"),
+    (["model=mae", "data.image_size=30", "model.patch_size=4"],
+     r"data.image_size \(as model.img_size\)=30 is refused: it must be a multiple of model.patch_size=4"),
+    # a settings dict (TypedDict): its fields' ranges, and the keys it takes
+    (["experiment=mt_transformer", "model.decode.beam_size=0"],
+     r"model.decode.beam_size=0 is refused: input should be greater than or equal to 1 \(expected int >= 1 or None\)"),
+    (["experiment=mt_transformer", "+model.decode.beam_sise=3"],
+     r"model.decode.beam_sise is not one of its settings \(beam_size, .*\). Did you mean beam_size"),
     # Literal choices, listed
     (["model=gpt_char", "data=tinyshakespeare", "model.positional=alibii"],
      r"model.positional='alibii' is refused: not one of the accepted values \(expected one of 'learned', "
@@ -72,12 +83,19 @@ def test_the_command_line_gets_one_paragraph_and_exit_code_2(tmp_path, log_env):
 # ---- data that cannot be read, folders that cannot be written: named with the fix
 
 
-def test_text_that_is_not_utf8_names_the_file_and_how_to_convert_it(tmp_path):
+def test_text_that_is_not_utf8_names_the_file_and_is_read_with_data_encoding(tmp_path):
     latin = tmp_path / "notes.txt"
     latin.write_bytes("Caf\u00e9 au lait, cr\u00e8me br\u00fbl\u00e9e.\n".encode("latin-1") * 200)
-    cfg = compose_cfg(["model=gpt_char", "data=text", f"data.files=[{latin}]", "debug=fdr", *FAST], tmp_path / "run")
-    with pytest.raises(UserError, match=rf"{latin} is not UTF-8 text .*iconv -f latin1 -t utf-8 notes.txt"):
-        train(cfg)
+    base = ["model=gpt_char", "data=text", f"data.files=[{latin}]", "debug=fdr", *FAST]
+    with pytest.raises(UserError, match=rf"{latin} is not utf-8 text .*data.encoding=latin-1 .*iconv -f latin1 -t "
+                                        "utf-8 notes.txt"):
+        train(compose_cfg(base, tmp_path / "run"))
+    with pytest.raises(UserError, match=r"data.encoding='latin-2x' is refused: value error, not a text encoding"):
+        train(compose_cfg([*base, "data.encoding=latin-2x"], tmp_path / "run"))
+    cfg = compose_cfg([*base, "data.encoding=latin-1", "data.block_size=16"], tmp_path / "run")
+    prepare(cfg)
+    dm = build_datamodule(cfg.data)
+    assert dm.tokenizer.token_to_id("\u00e9") is not None  # read as Latin-1: é is one character of the vocabulary
 
 
 @pytest.mark.parametrize("layout, message", [
@@ -152,3 +170,13 @@ def test_the_entry_configs_own_keys_are_checked_the_same_way(config_name, overri
     prepare(cfg)
     with pytest.raises(UserError, match=message):
         check_config(cfg)
+
+
+def test_a_group_set_to_null_on_the_command_line_removes_it(tmp_path):
+    from attnlab.cli.app import null_groups
+
+    argv = null_groups(["logger=null", "callbacks=none", "trainer.devices=null", "launcher=null"], CONF_DIR)
+    # Hydra's spelling for groups; keys, and a group's own option named none (callbacks/none.yaml), stay
+    assert argv == ["~logger", "callbacks=none", "trainer.devices=null", "~launcher"]
+    cfg = compose_cfg(argv[:1], tmp_path)
+    assert "logger" not in cfg

@@ -3,9 +3,12 @@ before anything is built (attnlab.cli.checks): the range moves with its paramete
 
 from __future__ import annotations
 
+import codecs
+from dataclasses import dataclass
 from typing import Annotated
 
 from annotated_types import Ge, Gt, Interval
+from pydantic import AfterValidator
 
 PositiveInt = Annotated[int, Ge(1)]
 NonNegativeInt = Annotated[int, Ge(0)]
@@ -14,3 +17,24 @@ NonNegativeFloat = Annotated[float, Ge(0)]
 # dropout, drop path, label smoothing, a split's share of the data
 Fraction = Annotated[float, Interval(ge=0, lt=1)]
 UnitInterval = Annotated[float, Interval(ge=0, le=1)]
+
+
+@dataclass(frozen=True)
+class MultipleOf:
+    """A relation to another setting of the same constructor: `img_size: Annotated[PositiveInt, MultipleOf("patch_size")]`
+    refuses an image size the patch size does not divide."""
+
+    key: str
+
+
+
+def _codec(name: str) -> str:
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        raise ValueError(f"not a text encoding Python knows (e.g. utf-8, latin-1, cp1252, utf-16)") from None
+    return name
+
+
+# the name of a text encoding: utf-8, latin-1, cp1252, ...
+Encoding = Annotated[str, AfterValidator(_codec)]

@@ -65,6 +65,19 @@ def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
         _fail(e)
 
 
+def null_groups(argv: list[str], conf_dir: Path) -> list[str]:
+    """`logger=null` (or `none`) for a config group means "no logger": Hydra's own spelling is `~logger`, and Hydra
+    stops at `group=null` with a traceback."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and value.lower() in ("null", "none") and key.isidentifier() and (conf_dir / key).is_dir() \
+                and not (conf_dir / key / f"{value}.yaml").is_file():
+            arg = f"~{key}"
+        out.append(arg)
+    return out
+
+
 # where a run writes, from the environment or the command line: checked before Hydra creates the run directory
 _OUTPUT_ENV = ("ATTNLAB_LOG_DIR", "ATTNLAB_CACHE_DIR")
 _OUTPUT_KEYS = ("paths.log_dir", "paths.cache_dir", "paths.root_dir", "hydra.run.dir", "hydra.sweep.dir")

@@ -17,11 +17,13 @@ import inspect
 import typing
 from typing import Any
 
+import typing_extensions
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.config import PLATFORM_KEYS, named_parameters
 from attnlab.errors import UserError
-from attnlab.types import PositiveInt
+from attnlab.nn.decoding import DecodeSettings
+from attnlab.types import MultipleOf, PositiveInt
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
@@ -40,6 +42,7 @@ class RunSettings:
     task_name: str = "train"
     optimized_metric: str | None = None
     split: typing.Literal["test", "val"] = "test"
+    decode: DecodeSettings | None = None
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -182,14 +185,60 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
         adapter.validate_python(value)
     except ValidationError as e:
         err = e.errors()[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else "" for p in err.get("loc", ()))
-        name = f"{path}.{key}{where}" if path else f"{key}{where}"
-        if OmegaConf.is_interpolation(node, key):  # name the key the user set: seed, not data.seed
-            name = f"{str(raw._value()).strip('${}')} (as {name})"
+        if err["type"] == "extra_forbidden":  # a key a settings dict does not take
+            known = sorted(_locate_fields(hint))
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=2, cutoff=0.6)
+            return (f"{_name(path, key, node)}.{err['loc'][-1]} is not one of its settings ({', '.join(known)})."
+                    + (f" Did you mean {' or '.join(close)}?" if close else "") + " Remove it or fix its name.")
+        where, item_hint = _locate(hint, err.get("loc", ()))
+        if item_hint is not hint:  # a field of a settings dict: its value and its type
+            value, hint = err.get("input", value), item_hint
         msg = "not one of the accepted values" if err["type"] == "literal_error" else err["msg"]
-        return (f"{name}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected {_type_name(hint)}). Give it a "
-                "value of that kind.")
+        return (f"{_name(path, key, node)}{where}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected "
+                f"{_type_name(hint)}). Give it a value of that kind.")
+    for other in (m.key for m in _metadata(hint) if isinstance(m, MultipleOf)):
+        divisor = node.get(other)
+        if isinstance(value, int) and isinstance(divisor, int) and divisor > 0 and value % divisor:
+            return (f"{_name(path, key, node)}={value} is refused: it must be a multiple of "
+                    f"{_name(path, other, node)}={divisor}. Change one of them.")
     return None
+
+
+def _metadata(hint) -> list:
+    """The Annotated metadata of a hint, or of the members of an Optional / union hint."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return list(typing.get_args(hint)[1:])
+    return [m for member in typing.get_args(hint) for m in _metadata(member)]
+
+
+def _name(path: str, key: str, node: DictConfig) -> str:
+    """The key the user set: `seed (as data.seed)` for an interpolation."""
+    name = f"{path}.{key}" if path else key
+    if OmegaConf.is_interpolation(node, key):
+        name = f"{str(node._get_node(key)._value()).strip('${}')} (as {name})"
+    return name
+
+
+def _locate_fields(hint) -> dict[str, Any]:
+    """The fields of a TypedDict hint (or of the TypedDict in an Optional hint)."""
+    for member in (hint, *typing.get_args(hint)):
+        if typing_extensions.is_typeddict(member):
+            return typing.get_type_hints(member, include_extras=True)
+    return {}
+
+
+def _locate(hint, loc: tuple) -> tuple[str, Any]:
+    """Where in the value an error points (`[0]` of a list, `.beam_size` of a settings dict) and, for a dict's field,
+    its hint; the tags pydantic adds for the members of a union are left out."""
+    where = ""
+    for part in loc:
+        if isinstance(part, int):
+            where += f"[{part}]"
+            continue
+        fields = _locate_fields(hint)
+        if part in fields:
+            where, hint = f"{where}.{part}", fields[part]
+    return where, hint
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,9 @@ def _main(cfg: DictConfig) -> dict | None:
 def main() -> dict | None:
     import sys
 
-    from attnlab.cli.app import check_output_paths, fail_before_hydra
+    from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+
+    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
 
     fail_before_hydra(check_output_paths, sys.argv[1:])
     return _main()

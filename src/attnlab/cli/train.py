@@ -21,7 +21,9 @@ def _main(cfg: DictConfig) -> float | None:
 
 
 def main() -> float | None:
-    from attnlab.cli.app import check_output_paths, fail_before_hydra
+    from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+
+    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
     from attnlab.cli.plugins import check_plugins
 
     fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed

@@ -40,7 +40,7 @@ def train(cfg: DictConfig) -> float | None:
                         "ckpt_path=<run dir>/checkpoints/best.ckpt (or ckpt_path=last), or drop train=false.")
     in_run_dir = not ckpt_path and cfg.get("train", True) and builders.checkpoint_in_run_dir(cfg)
     ckpt_path = ckpt_path or in_run_dir or None
-    meta = {}
+    meta, estimate = {}, None
     if ckpt_path:
         meta = builders.read_run_metadata(ckpt_path)
         builders.check_same_task(meta, cfg.model._target_, ckpt_path, run_dir=bool(in_run_dir))
@@ -52,6 +52,10 @@ def train(cfg: DictConfig) -> float | None:
         builders.check_same_model(meta, resolved["model"], ckpt_path)
     elif ckpt_path:
         builders.check_resumable(meta, model, resolved.get("optimizer"), ckpt_path)
+    if cfg.get("train", True):
+        from attnlab.memory import check_run_memory
+
+        estimate = check_run_memory(cfg, model, dm)  # refuse a run too large for the machine before it starts
     save_resolved_config(cfg, out_dir / "config.yaml")
     wandb_id = meta.get("wandb_run_id")
 
@@ -82,7 +86,7 @@ def train(cfg: DictConfig) -> float | None:
     metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
     _add_best_of_monitor(cfg, metrics, trainer)
     if trainer.is_global_zero:
-        _report(cfg, metrics, trainer, out_dir)
+        _report(cfg, metrics, trainer, out_dir, estimate)
     value = metrics.get(cfg.get("optimized_metric") or "")
     return None if value is None or math.isnan(value) else value
 
@@ -107,13 +111,18 @@ def _finished_already(cfg: DictConfig, out_dir: Path, step: int) -> float | None
     return None if value is None or math.isnan(value) else value
 
 
-def _report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path) -> None:
+def _report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path, estimate=None) -> None:
     import json
+
+    from attnlab.memory import GiB, peak_memory
 
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     lines = [f"  {k:<24} {v:.4f}" for k, v in sorted(metrics.items())
              if k.startswith(("test/", "val/")) and not k.endswith("_step")]
     ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    device, peak = peak_memory(trainer.strategy.root_device)
+    lines.append(f"  peak memory ({device})      {peak / GiB:.2f} GiB"
+                 + (f" (estimated at start: {estimate.total / GiB:.2f} GiB)" if estimate is not None else ""))
     summary = "\n".join([f"Results of {cfg.task_name}:", *lines, f"  run directory: {out_dir}"]
                         + ([f"  best checkpoint: {ckpt}"] if ckpt else []))
     if "test/acc" in metrics:

@@ -32,7 +32,7 @@ from attnlab.data.samplers import ResumableDataLoader, ResumableSampler
 from attnlab.data.tokenizers import (CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, CharTokenizer, TextTokenizer,
                                      build_tokenizer)
 from attnlab.errors import UserError
-from attnlab.types import Fraction, PositiveInt, UnitInterval
+from attnlab.types import Encoding, Fraction, PositiveInt, UnitInterval
 
 log = logging.getLogger("attnlab")
 
@@ -69,8 +69,8 @@ def _check_file(path: Path, hint: str | None) -> None:
         raise UserError(f"text file {path} is empty: fill it with text (or remove it from data.files).")
 
 
-def _txt_docs(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8", newline="") as f:
+def _txt_docs(path: Path, encoding: str = "utf-8") -> Iterator[str]:
+    with open(path, encoding=encoding, newline="") as f:
         yield from f  # one document per line, newline kept, so the token stream is the file itself
 
 
@@ -82,8 +82,8 @@ def _missing_column(path, column: str, available: list[str]) -> UserError:
     )
 
 
-def _jsonl_docs(path: Path, column: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
+def _jsonl_docs(path: Path, column: str, encoding: str = "utf-8") -> Iterator[str]:
+    with open(path, encoding=encoding) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -110,7 +110,7 @@ def _parquet_docs(path: Path, column: str) -> Iterator[str]:
                 yield str(text)
 
 
-def file_source(name: str, files: list[str], text_column: str, hint: str | None) -> Source:
+def file_source(name: str, files: list[str], text_column: str, hint: str | None, encoding: str = "utf-8") -> Source:
     paths = [Path(f).expanduser() for f in files]
     for p in paths:
         _check_file(p, hint)
@@ -121,21 +121,24 @@ def file_source(name: str, files: list[str], text_column: str, hint: str | None)
         for p in paths:
             try:
                 if p.suffix == ".txt":
-                    yield from _txt_docs(p)
+                    yield from _txt_docs(p, encoding)
                 elif p.suffix == ".jsonl":
-                    yield from _jsonl_docs(p, text_column)
+                    yield from _jsonl_docs(p, text_column, encoding)
                 else:
                     yield from _parquet_docs(p, text_column)
             except UnicodeDecodeError as e:
                 raise UserError(
-                    f"{p} is not UTF-8 text ({e.reason} at byte {e.start}), the encoding attnlab reads text in. "
-                    f"Convert it from the encoding it was written in, e.g. from Latin-1: `iconv -f latin1 -t utf-8 "
-                    f"{p.name} > {p.stem}.utf8{p.suffix}`, and point data.files at the converted file."
+                    f"{p} is not {encoding} text ({e.reason} at byte {e.start}; data.encoding={encoding}). Give the "
+                    "encoding it was written in, e.g. data.encoding=latin-1 (or cp1252, utf-16), or convert it: "
+                    f"`iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix}`, and point data.files at the "
+                    "converted file."
                 ) from None
 
     records = paths[0].suffix != ".txt"
-    return Source(name, {"files": [file_identity(p) for p in paths], "column": text_column if records else None},
-                  docs, records)
+    identity = {"files": [file_identity(p) for p in paths], "column": text_column if records else None}
+    if encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+        identity["encoding"] = encoding  # the tokens cached for a file depend on how it was read
+    return Source(name, identity, docs, records)
 
 
 def hub_source(name: str, hub: dict, split: str, text_column: str, cache_dir: Path,
@@ -427,6 +430,7 @@ class TextDataModule(BaseDataModule):
         test_files: list[str] | None = None,
         hub: dict | None = None,
         text_column: str = "text",
+        encoding: Encoding = "utf-8",
         val_fraction: Fraction = 0.1,
         test_fraction: Fraction = 0.0,
         tokenizer: str = "char",
@@ -452,6 +456,7 @@ class TextDataModule(BaseDataModule):
                             "or .parquet files) or use data=hf_text data.hub.path=<hub dataset>.")
         files, val_files, test_files = (_as_list(f) for f in (files, val_files, test_files))
         self.name, self.files, self.val_files, self.test_files, self.hub = name, files, val_files, test_files, hub
+        self.encoding = encoding
         self.text_column, self.val_fraction, self.test_fraction = text_column, float(val_fraction), float(test_fraction)
         self.tokenizer_kind, self.tokenizer_vocab_size = tokenizer, tokenizer_vocab_size
         self.pretrained_tokenizer, self.lowercase, self.min_frequency = pretrained_tokenizer, lowercase, min_frequency
@@ -493,10 +498,10 @@ class TextDataModule(BaseDataModule):
             if test_split:
                 src["test"] = hub_source("test", hub, test_split, self.text_column, self.cache_dir)
             return src, False
-        src = {"train": file_source("train", list(self.files), self.text_column, self.download_hint)}
+        src = {"train": file_source("train", list(self.files), self.text_column, self.download_hint, self.encoding)}
         for split, files in (("val", self.val_files), ("test", self.test_files)):
             if files:
-                src[split] = file_source(split, list(files), self.text_column, self.download_hint)
+                src[split] = file_source(split, list(files), self.text_column, self.download_hint, self.encoding)
         by_fraction = "val" not in src
         if by_fraction and not 0 < self.val_fraction < 1:
             raise UserError(f"data.val_fraction={self.val_fraction}: give a fraction in (0, 1), or data.val_files.")

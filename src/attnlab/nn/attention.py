@@ -87,7 +87,11 @@ class MultiHeadAttention(nn.Module):
         mask = None
         if key_padding_mask is not None:
             mask = key_padding_mask[:, None, None, :].bool()          # (B, 1, 1, S)
-        if causal and T > 1:
+        # plain causal attention over its own keys goes to SDPA's is_causal flag: no (T, S) mask is built, and the
+        # fused kernels keep memory linear in T
+        causal_flag = causal and key_padding_mask is None and self.alibi is None and not self.record_weights \
+            and S == T
+        if causal and T > 1 and not causal_flag:
             # query t (absolute position past + t) sees keys <= past + t
             allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)  # (T, S)
             mask = allowed if mask is None else mask & allowed
@@ -102,13 +106,11 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = att.detach()
             y = F.dropout(att, self.dropout, self.training) @ v       # (B, nh, T, hd)
         else:
-            plain_causal = mask is not None and not mask.is_floating_point() and key_padding_mask is None
-            use_causal_flag = causal and plain_causal and S == T
             y = F.scaled_dot_product_attention(
                 q, k, v,
-                attn_mask=None if use_causal_flag else mask,
+                attn_mask=mask,
                 dropout_p=self.dropout if self.training else 0.0,
-                is_causal=use_causal_flag,
+                is_causal=causal_flag and T > 1,
             )                                                         # (B, nh, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, C)              # (B, T, C)
         return self.resid_dropout(self.out_proj(y))

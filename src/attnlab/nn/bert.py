@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -10,18 +11,19 @@ from torch import nn
 
 from attnlab.nn.embeddings import TokenPositionEmbedding
 from attnlab.nn.gpt import check_length
+from attnlab.types import Fraction, MultipleOf, PositiveInt
 from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
 
 
 @dataclass
 class BertConfig(StackConfig):
-    max_length: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 256
-    dropout: float = 0.1
+    max_length: PositiveInt = 128
+    n_layer: PositiveInt = 4
+    n_head: PositiveInt = 4
+    n_embd: Annotated[PositiveInt, MultipleOf("n_head")] = 256
+    dropout: Fraction = 0.1
     bias: bool = True
-    norm_position: str = "post"      # post (BERT) | pre
+    norm_position: Literal["pre", "post"] = "post"  # post (BERT) | pre
 
 
 class BertMLM(StackAccounting, nn.Module):

@@ -13,13 +13,14 @@ from torch import nn
 from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
+from attnlab.types import PositiveInt
 from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
 
 
 @dataclass
 class GPTConfig(StackConfig):
-    block_size: int = 256
-    pad_vocab_multiple: int = 1      # round the embedding table up (GPT-2: 50257 -> 50304) for faster matmuls
+    block_size: PositiveInt = 256
+    pad_vocab_multiple: PositiveInt = 1      # round the embedding table up (GPT-2: 50257 -> 50304) for faster matmuls
 
     @property
     def padded_vocab(self) -> int:

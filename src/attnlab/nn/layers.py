@@ -4,7 +4,7 @@ cross-attention, feed-forward) with pre- or post-norm residuals."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +13,7 @@ from torch import nn
 from attnlab.nn.attention import KVCache, MultiHeadAttention
 from attnlab.errors import UserError
 from attnlab.nn.positional import POSITIONAL, ALiBi, RotaryEmbedding
-from attnlab.types import Fraction, PositiveFloat, PositiveInt
+from attnlab.types import Fraction, MultipleOf, PositiveFloat, PositiveInt
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -126,7 +126,7 @@ class StackConfig(ConfigSplit):
     vocab_size: PositiveInt
     n_layer: PositiveInt = 6
     n_head: PositiveInt = 6
-    n_embd: PositiveInt = 384
+    n_embd: Annotated[PositiveInt, MultipleOf("n_head")] = 384
     dropout: Fraction = 0.0
     bias: bool = False
     positional: Literal["learned", "sinusoidal", "rope", "alibi"] = "learned"

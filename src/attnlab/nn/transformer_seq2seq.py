@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
@@ -19,25 +20,26 @@ from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
 from attnlab.nn.layers import Block, ConfigSplit, check_choices, make_norm
+from attnlab.types import Fraction, MultipleOf, NonNegativeInt, PositiveInt
 
 
 @dataclass
 class TransformerSeq2SeqConfig(ConfigSplit):
-    src_vocab_size: int
-    tgt_vocab_size: int
-    pad_id: int = 0
-    n_layer: int = 6                  # encoder layers
-    n_dec_layer: int | None = None    # decoder layers (default: n_layer)
-    n_head: int = 8
-    n_embd: int = 512
-    ffn_hidden: int = 2048
-    ffn: str = "relu"                 # relu | gelu | swiglu
-    dropout: float = 0.1
+    src_vocab_size: PositiveInt
+    tgt_vocab_size: PositiveInt
+    pad_id: NonNegativeInt = 0
+    n_layer: PositiveInt = 6                  # encoder layers
+    n_dec_layer: PositiveInt | None = None    # decoder layers (default: n_layer)
+    n_head: PositiveInt = 8
+    n_embd: Annotated[PositiveInt, MultipleOf("n_head")] = 512
+    ffn_hidden: PositiveInt = 2048
+    ffn: Literal["relu", "gelu", "swiglu"] = "relu"
+    dropout: Fraction = 0.1
     bias: bool = True
-    positional: str = "sinusoidal"    # sinusoidal | learned | rope | alibi
-    norm: str = "layernorm"
-    norm_position: str = "post"       # post (the paper) | pre (more stable for deep stacks)
-    max_len: int = 256                # positional table; longer inputs are refused
+    positional: Literal["sinusoidal", "learned", "rope", "alibi"] = "sinusoidal"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_position: Literal["pre", "post"] = "post"  # post (the paper) | pre (more stable for deep stacks)
+    max_len: PositiveInt = 256                # positional table; longer inputs are refused
     share_embeddings: bool = False    # one table for source and target (needs a joint vocabulary)
     tie_output: bool = True           # output projection = target embedding (the paper's weight sharing)
     alignment_layer: int = -1         # which decoder layer's cross-attention `step(return_attn=True)` returns

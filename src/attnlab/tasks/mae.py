@@ -19,6 +19,7 @@ from torchmetrics import MeanMetric
 from attnlab.errors import UserError
 from attnlab.nn.mae import SIZES, mae_vit
 from attnlab.tasks.base import BaseTask
+from attnlab.types import MultipleOf, PositiveInt
 from attnlab.utils.media import log_image, panel_grid
 from attnlab.utils.seg_media import denormalize
 
@@ -38,8 +39,8 @@ class MAEPretrainer(BaseTask):
     def __init__(
         self,
         size: str = "base",
-        patch_size: int = 16,
-        img_size: int = 224,
+        patch_size: PositiveInt = 16,
+        img_size: Annotated[PositiveInt, MultipleOf("patch_size")] = 224,
         in_chans: int = 3,
         embed_dim: int | None = None,
         depth: int | None = None,

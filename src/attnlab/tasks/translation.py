@@ -20,7 +20,7 @@ from torchmetrics import MeanMetric
 
 from attnlab.data.translation import clean_text, tokenizer_pair
 from attnlab.errors import UserError
-from attnlab.nn.decoding import decode, greedy
+from attnlab.nn.decoding import DecodeSettings, decode, greedy
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import log_table, wandb_logger
 
@@ -45,7 +45,7 @@ class Translator(BaseTask):
         return get_class(settings["net"]).config_class if settings.get("net") else None
 
     def __init__(self, net: str, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0, bos_id: int = 2,
-                 eos_id: int = 3, label_smoothing: float = 0.1, decode: dict | None = None, num_alignments: int = 4,
+                 eos_id: int = 3, label_smoothing: float = 0.1, decode: DecodeSettings | None = None, num_alignments: int = 4,
                  num_samples: int = 8, grad_clip: float = 1.0, src_tokenizer: str | None = None,
                  tgt_tokenizer: str | None = None, **kwargs: Any):
         net_cls = get_class(net)

@@ -1,0 +1,95 @@
+"""The memory estimate of a training step (attnlab.memory): runs too large for the machine are refused before they
+start, the estimate leaves the run as it would have been without it, and its accuracy (benchmarks/memory_estimate.py,
+run through the README)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import attnlab.memory as memory
+from attnlab.cli import builders
+from attnlab.cli.training import train
+from attnlab.config import prepare
+from attnlab.errors import UserError
+from conftest import FAST, compose_cfg
+
+GPT_SMALL = ["model=gpt_char", "data=tinyshakespeare", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+             "data.batch_size=8"]
+
+
+def test_a_run_too_large_for_the_machine_is_refused_naming_the_setting(small_data, tmp_path):
+    # nanoGPT's char model on windows of 2,000 characters, 256 a batch: the T^2 attention of the math kernel (dropout is on)
+    cfg = compose_cfg(["model=gpt_char", "data=tinyshakespeare", "data.block_size=2000", "data.batch_size=256", *FAST], tmp_path,
+                      data_dir=small_data)
+    with pytest.raises(UserError) as err:
+        train(cfg)
+    msg = str(err.value)
+    assert "more than 90% of this machine's available memory" in msg
+    assert "the largest part is activations" in msg
+    assert "data.block_size (now 2000)" in msg and "data.batch_size (now 256)" in msg
+    assert "max_length" not in msg  # a data setting that is not a dimension of this task's batches
+    assert "extras.force=true" in msg
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "config.yaml").exists()
+
+
+def test_force_starts_a_refused_run(small_data, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(memory, "_available", lambda on_gpu, processes: 1024)  # a machine with 1 kB free
+    overrides = [*GPT_SMALL, "trainer.max_steps=2", "test=false", *FAST]
+    with pytest.raises(UserError, match=r"the largest part is process .* To fit: the data held in memory"):
+        train(compose_cfg(overrides, tmp_path / "a", data_dir=small_data))
+    with caplog.at_level(logging.WARNING, logger="attnlab"):
+        train(compose_cfg([*overrides, "extras.force=true"], tmp_path / "b", data_dir=small_data))
+    assert "starting anyway: extras.force=true" in caplog.text
+    assert (tmp_path / "b" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=vit", "data=digits", "model.drop_path_rate=0.1"],       # fake tensors; timm; stochastic depth
+    ["model=unet", "data=membrane", "data.batch_size=2"],            # batch norm: its statistics must not move
+    ["model=bert_small", "data=tinyshakespeare", "data.batch_size=4", "model.n_layer=1"],  # boolean indexing: real slice
+], ids=["vit", "unet", "bert"])
+def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
+    cfg = compose_cfg([*overrides, *FAST], tmp_path, data_dir=small_data)
+    prepare(cfg)
+    torch.manual_seed(0)
+    dm = builders.build_datamodule(cfg.data)
+    task = builders.build_task(cfg, dm)
+    state = {k: v.clone() for k, v in task.state_dict().items()}
+    rng = torch.get_rng_state()
+    est = memory.check_run_memory(cfg, task, dm)
+    assert est is not None and est.terms["activations"] > 0 and est.total > est.terms["process"]
+    assert torch.equal(torch.get_rng_state(), rng)  # the run draws the same numbers
+    after = task.state_dict()
+    assert [k for k in state if not torch.equal(state[k], after[k])] == []  # weights, batch-norm statistics, metric states
+    assert all(p.grad is None for p in task.parameters())
+
+
+def test_activations_follow_the_batch_and_the_attention_kernel(small_data, tmp_path):
+    """Linear in the batch; quadratic in T only where SDPA takes its math path (dropout in training)."""
+    def act(*extra):
+        cfg = compose_cfg([*GPT_SMALL, *extra, *FAST], tmp_path, data_dir=small_data)
+        prepare(cfg)
+        dm = builders.build_datamodule(cfg.data)
+        task = builders.build_task(cfg, dm)
+        return memory.activation_bytes(task, memory.sample_batch(dm))
+
+    base = act("data.block_size=64", "model.dropout=0.0")
+    assert act("data.block_size=64", "model.dropout=0.0", "data.batch_size=16") == pytest.approx(2 * base, rel=0.1)
+    fused, math_path = act("data.block_size=256", "model.dropout=0.0"), act("data.block_size=256", "model.dropout=0.1")
+    assert fused < 5 * base  # linear in T with the fused kernel
+    assert math_path > 2 * fused  # the B x H x T^2 scores, their softmax and dropout mask
+
+
+def test_the_limits_per_process_and_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(memory, "mem_available", lambda: 10 * memory.GiB)
+    monkeypatch.setattr(memory, "process_rss", lambda: 0)
+    assert memory._available(False, 2) == pytest.approx(memory._available(False, 1) / 2)  # DDP's local processes
+    est = memory.MemoryEstimate(device="GPU", terms={"weights": 2 * memory.GiB, "gradients": 2 * memory.GiB,
+                                                     "optimizer state": 4 * memory.GiB, "activations": memory.GiB},
+                                available=6 * memory.GiB)
+    with pytest.raises(UserError, match=r"more than 90% of the free memory of the GPU .* largest part is optimizer "
+                                        r"state .*trainer=fsdp"):
+        memory.check_fits(est, {"batch_size": 8})
