@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from attnlab.cli.predict import predictor_for
 from attnlab.cli.training import train
 from attnlab.errors import UserError
 from attnlab.tasks.language_model import MaskedLM
@@ -122,12 +123,12 @@ def test_masked_lm_predict_prints_top_fills(capsys):
     tok = CharTokenizer("abcdefghijklmnopqrstuvwxyzT ", MLM_SPECIALS)
     model = MaskedLM(vocab_size=tok.vocab_size, max_length=32, n_layer=1, n_head=2, n_embd=16,
                      tokenizer=tok.to_json()).eval()
-    fills = model.predict_cli(OmegaConf.create({"text": "The [MASK]at", "top_k": 3}), None)
+    fills = predictor_for(type(model))(model, OmegaConf.create({"text": "The [MASK]at", "top_k": 3}), None)
     assert len(fills) == 1 and len(fills[0]) == 3
     printed = capsys.readouterr().out
     assert "[MASK] #1: 1." in printed and "filled: The " in printed
     with pytest.raises(UserError, match=r"needs text=.*\[MASK\]"):
-        model.predict_cli(OmegaConf.create({"text": "no mask here"}), None)
+        predictor_for(type(model))(model, OmegaConf.create({"text": "no mask here"}), None)
 
 
 class WandbLogger:  # what the tasks look for (by name) to log media; records the payloads
@@ -172,10 +173,10 @@ def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):
     model.log_samples()                                             # a validation must not end the run
     (payload,) = model._trainer.loggers[0].logged
     assert len(payload["val/samples"].data[0][2]) == 6 and "model.sample_prompt" in caplog.text
-    texts = model.predict_cli(OmegaConf.create({"max_new_tokens": 0, "num_samples": 2}), None)
+    texts = predictor_for(type(model))(model, OmegaConf.create({"max_new_tokens": 0, "num_samples": 2}), None)
     assert texts == ["", ""]                                        # 0 is a value: no new tokens, two samples
     with pytest.raises(UserError, match='a GPT checkpoint continues a prompt: give prompt="..."'):
-        model.predict_cli(OmegaConf.create({"input": "images/"}), None)
+        predictor_for(type(model))(model, OmegaConf.create({"input": "images/"}), None)
 
 
 def test_masked_lm_text_longer_than_the_model_says_shorten_it():
@@ -184,7 +185,7 @@ def test_masked_lm_text_longer_than_the_model_says_shorten_it():
     tok = CharTokenizer("abc ", MLM_SPECIALS)
     model = MaskedLM(vocab_size=tok.vocab_size, max_length=8, n_layer=1, n_head=2, n_embd=16, tokenizer=tok.to_json())
     with pytest.raises(UserError, match=r"text= is 14 tokens .* at most 8 \(model.max_length\): give a shorter text"):
-        model.predict_cli(OmegaConf.create({"text": "abc [MASK] abcabc"}), None)
+        predictor_for(type(model))(model, OmegaConf.create({"text": "abc [MASK] abcabc"}), None)
 
 
 @pytest.mark.parametrize("experiment,objective", [("gpt_shakespeare_char_cpu", "masked"),

@@ -13,6 +13,7 @@ from PIL import Image
 from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassJaccardIndex
 
+from attnlab.cli.predict import predictor_for
 from attnlab.data import seg_transforms as T
 from attnlab.data.segmentation import MembraneDataModule, SegFolderDataModule
 from attnlab.errors import UserError
@@ -190,7 +191,7 @@ def test_predict_runs_at_the_evaluation_scale_and_writes_masks_at_the_image_size
     infer = model.infer
     model.infer = lambda x: seen.append(tuple(x.shape[-2:])) or infer(x)
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 30, 3), dtype=np.uint8)).save(tmp_path / "a.png")
-    (out,) = model.predict_cli(OmegaConf.create({"input": str(tmp_path / "a.png")}),
+    (out,) = predictor_for(type(model))(model, OmegaConf.create({"input": str(tmp_path / "a.png")}),
                                OmegaConf.create({"data": {"eval_resize": 15}}))
     assert seen == [(20, 15)] and Image.open(out).size == (30, 40)  # evaluated at 15 px short side, saved at 30x40
 

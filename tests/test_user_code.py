@@ -140,3 +140,24 @@ def test_imagefolder_through_train_py_finds_its_classes_and_logs(tmp_path, layou
     assert "train/loss_epoch" in pd.read_csv(run / "csv" / "metrics.csv").columns
     hparams = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["hyper_parameters"]
     assert hparams["num_classes"] == 3 and hparams["class_names"] == ["cat", "dog", "owl"]
+
+
+def test_predict_py_finds_each_tasks_predictor_or_says_how_to_give_one():
+    import lightning as L
+
+    from attnlab.cli.predict import predictor_for
+    from attnlab.errors import UserError
+    from attnlab.tasks.language_model import CausalLM, MaskedLM
+
+    assert predictor_for(CausalLM) is predictor_for(MaskedLM)  # one module per task module
+    assert predictor_for(CausalLM).__module__ == "attnlab.cli.predict.language_model"
+
+    class Mine(L.LightningModule):
+        pass
+
+    with pytest.raises(UserError, match=r"predict.py does not know how .*Mine predicts: give the class a `predictor`"):
+        predictor_for(Mine)
+    Mine.predictor = "json.dumps"  # any importable function predict(model, cfg, run_cfg)
+    import json
+
+    assert predictor_for(Mine) is json.dumps

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint as _ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from attnlab.compat import CheckpointBase
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -33,8 +34,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         os.replace(tmp, path)
 
 
-class ModelCheckpoint(_ModelCheckpoint):
-    _trainer = None
+class ModelCheckpoint(CheckpointBase):
+    _trainer = None  # this class's own: the trainer its state_dict reads metrics from
     _resumed_value = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -51,10 +52,10 @@ class ModelCheckpoint(_ModelCheckpoint):
         super().load_state_dict(state_dict)
         self._resumed_value = state_dict.get("monitored_value")
 
-    def _monitor_candidates(self, trainer) -> dict:
+    def monitor_candidates(self, trainer) -> dict:
         """A run resumed mid-epoch has no validation metrics until its next validation: until then, the monitored
         value is the one of the interrupted run, so that top-k decisions are those of an uninterrupted run."""
-        candidates = super()._monitor_candidates(trainer)
+        candidates = super().monitor_candidates(trainer)
         if self.monitor and self.monitor not in candidates and self._resumed_value is not None:
             candidates[self.monitor] = self._resumed_value
         return candidates
@@ -66,19 +67,15 @@ class ModelCheckpoint(_ModelCheckpoint):
         better = bool(op(current, self.best_k_models[self.kth_best_model_path]))
         return trainer.strategy.reduce_boolean_decision(better)
 
-    def _save_last_now(self, trainer) -> None:
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-
     def on_validation_end(self, trainer, pl_module) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
-            self._save_last_now(trainer)
+        if not self.saves_at_train_epoch_end(trainer):
+            self.save_last_now(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
-            self._save_last_now(trainer)
+        if self.saves_at_train_epoch_end(trainer):
+            self.save_last_now(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not trainer.fast_dev_run:  # Lightning's own hook would write last.ckpt even for a fast_dev_run
@@ -86,4 +83,4 @@ class ModelCheckpoint(_ModelCheckpoint):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)) and not trainer.sanity_checking:
-            self._save_last_now(trainer)
+            self.save_last_now(trainer)

@@ -11,16 +11,9 @@ from __future__ import annotations
 
 import lightning as L
 
+from attnlab.compat import restore_loader_position
+
 
 class ResumeDataPosition(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
-        loop = trainer.fit_loop
-        states = getattr(loop, "_combined_loader_states_to_load", None)
-        if not states or loop._combined_loader is None:
-            return
-        # also when the checkpoint was written at an epoch's end, where Lightning does not count the run as
-        # restarting: the loader then starts the next epoch, with the random state of the save point
-        loop._combined_loader._load_state_dicts(states)
-        loop._combined_loader_states_to_load = []
-        if loop._data_fetcher is not None:
-            iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
+        restore_loader_position(trainer)

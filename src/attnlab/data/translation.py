@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from attnlab.compat import keep_own_batch_sampler
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.samplers import ResumableDataLoader
@@ -459,7 +460,7 @@ class TranslationDataModule(BaseDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         if self.trainer is not None:  # the batch samplers shard by rank themselves: Lightning must not re-wrap them
-            self.trainer._accelerator_connector.use_distributed_sampler = False
+            keep_own_batch_sampler(self.trainer)
 
     def _loader(self, ds: ParallelSet, train: bool) -> DataLoader:
         trainer = self.trainer

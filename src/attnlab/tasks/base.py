@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
+from attnlab.compat import logs_this_step
 from attnlab.errors import UserError
 from attnlab.optim.param_groups import param_groups
 
@@ -75,8 +76,7 @@ class BaseTask(L.LightningModule):
         millisecond of bookkeeping, which shows next to a small model's step."""
         if epoch_mean:
             self.train_loss_mean.update(loss.detach(), batch_size)
-        trainer = self.trainer
-        if trainer._logger_connector.should_update_logs or trainer.fast_dev_run:
+        if logs_this_step(self.trainer):
             self.log("train/loss", loss, on_step=True, on_epoch=False,
                      prog_bar=True, batch_size=batch_size)
 

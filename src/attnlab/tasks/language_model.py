@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from attnlab.data.tokenizers import CLS, MASK, SEP, TextTokenizer, tokenizer_from_json
+from attnlab.data.tokenizers import TextTokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.nn.bert import BertConfig, BertMLM
 from attnlab.nn.gpt import GPT, GPTConfig, check_length
@@ -202,40 +202,6 @@ class CausalLM(_LanguageModel):
             self.net.train(was_training)
         log_table(self.trainer, "val/samples", ["step", "prompt", "text"], rows)
 
-    # ---- predict.py
-    def predict_cli(self, cfg, run_cfg) -> list[str]:
-        """Streams `num_samples` continuations of `prompt` to stdout; returns them."""
-        if cfg.get("input") or cfg.get("text"):
-            raise UserError('a GPT checkpoint continues a prompt: give prompt="..." (input= and text= are for image, '
-                            "translation and masked-LM checkpoints).")
-        if self.tokenizer is None:
-            raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text data.")
-        prompt = cfg.get("prompt")
-        if prompt is None:  # start from a newline, as nanoGPT's sample.py, where the tokenizer has one
-            prompt = "\n" if _encodes(self.tokenizer, "\n") else ""
-        max_new = int(_given(cfg, "max_new_tokens", 500))
-        temperature = float(_given(cfg, "temperature", 0.8))
-        top_k = int(_given(cfg, "top_k", 200))
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(int(_given(cfg, "seed", 1337)))
-        idx = self.prompt_ids(prompt)
-        texts = []
-        for n in range(int(_given(cfg, "num_samples", 1))):
-            new_ids: list[int] = []
-            shown = ""
-            print(prompt, end="", flush=True)
-            for tok in self.net.stream(idx, max_new, temperature, top_k, gen):
-                new_ids.append(int(tok[0, 0]))
-                text = self.tokenizer.decode(new_ids)
-                if not text.endswith("\ufffd"):  # print whole characters only (byte-level BPE)
-                    print(text[len(shown):], end="", flush=True)
-                    shown = text
-            print(self.tokenizer.decode(new_ids)[len(shown):], flush=True)
-            print("---------------", flush=True)
-            texts.append(prompt + self.tokenizer.decode(new_ids))
-        return texts
-
-
 class MaskedLM(_LanguageModel):
     """BERT masked-language-model pretraining; batches come masked from the data (input_ids, attention_mask,
     labels with -100 at unmasked positions). At each validation, a few predictions are logged."""
@@ -300,65 +266,17 @@ class MaskedLM(_LanguageModel):
             ids = b["input_ids"][i][real].tolist()
             truth = torch.where(masked, b["labels"][i], b["input_ids"][i])[real].tolist()
             pred = torch.where(masked, b["pred"][i], b["input_ids"][i])[real].tolist()
-            row = [_show(tok, ids), _show(tok, truth), _show(tok, pred)]
+            row = [show_tokens(tok, ids), show_tokens(tok, truth), show_tokens(tok, pred)]
             log.info("masked-LM sample %d at step %d:\n  input:     %s\n  original:  %s\n  predicted: %s", i + 1,
                      self.global_step, *row)
             rows.append([self.global_step, *row])
         log_table(self.trainer, "val/samples", ["step", "input", "original", "predicted"], rows)
 
-    # ---- predict.py
-    def predict_cli(self, cfg, run_cfg) -> list[list[tuple[str, float]]]:
-        """The top_k fills of each [MASK] in `text`, printed; returns [(token, probability), ...] per mask."""
-        tok = self.tokenizer
-        if tok is None:
-            raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text data.")
-        text = cfg.get("text")
-        if not text or MASK not in text:
-            raise UserError(f'predict.py for a masked LM needs text="... {MASK} ..." with at least one {MASK} '
-                            "where a token should be filled in.")
-        mask_id = tok.special_id(MASK, "predict.py")
-        ids = [tok.special_id(CLS, "predict.py")]
-        for j, piece in enumerate(text.split(MASK)):
-            if j:
-                ids.append(mask_id)
-            ids.extend(tok.encode(piece) if piece.strip() or tok.kind == "char" else [])
-        ids.append(tok.special_id(SEP, "predict.py"))
-        if len(ids) > self.max_positions:
-            raise UserError(f"text= is {len(ids)} tokens with [CLS] and [SEP], but this model reads at most "
-                            f"{self.max_positions} (model.max_length): give a shorter text.")
-        x = torch.tensor([ids], device=self.device)
-        with torch.inference_mode():
-            probs = self(x, torch.ones_like(x)).float().softmax(-1)[0]  # (T, V)
-        k = int(_given(cfg, "top_k", 5))
-        fills, best = [], list(ids)
-        for pos in (x[0] == mask_id).nonzero().flatten().tolist():
-            p, i = probs[pos].topk(k)
-            fills.append([(tok.id_to_token(t), float(q)) for t, q in zip(i.tolist(), p.tolist())])
-            best[pos] = i[0].item()
-            print(f"{MASK} #{len(fills)}: " + "  ".join(f"{r + 1}. {t!r} {q:.3f}" for r, (t, q) in enumerate(fills[-1])),
-                  flush=True)
-        print(f"filled: {_show(tok, best[1:-1])}", flush=True)
-        return fills
-
-
-def _given(cfg, key: str, default):
-    """cfg[key] unless it is missing or null (0 is a value)."""
-    value = cfg.get(key)
-    return default if value is None else value
-
-
-def _encodes(tok: TextTokenizer, text: str) -> bool:
-    try:
-        return bool(tok.encode(text))
-    except UserError:
-        return False
-
-
 def same_vocabulary(a: TextTokenizer, b: TextTokenizer) -> bool:
     return a.vocab_size == b.vocab_size and all(a.id_to_token(i) == b.id_to_token(i) for i in range(a.vocab_size))
 
 
-def _show(tok: TextTokenizer, ids: list[int]) -> str:
+def show_tokens(tok: TextTokenizer, ids: list[int]) -> str:
     """Readable text of ids, special tokens shown by name."""
     out, run = [], []
     for i in ids:
@@ -373,4 +291,3 @@ def _show(tok: TextTokenizer, ids: list[int]) -> str:
     if run:
         out.append(tok.decode(run))
     return " ".join(s.strip() for s in out if s.strip()) if tok.kind != "char" else "".join(out)
-

@@ -133,34 +133,6 @@ class MAEPretrainer(BaseTask):
         h = self.hparams
         return training_flops_per_sample(self.net, (h.in_chans, h.img_size, h.img_size))
 
-    # ---- predict.py
-    def predict_cli(self, cfg, run_cfg) -> Path:
-        """Writes reconstructions.png (original | masked | reconstruction per image of `input`; one more grid per
-        `batch_size` images) to the output dir."""
-        from PIL import Image
-
-        from attnlab.data.images import FileImages, image_files
-        from attnlab.data.transforms import eval_transform
-
-        h = self.hparams
-        files = image_files(cfg.get("input"))
-        images = FileImages([(str(f), -1) for f in files], h.in_chans,
-                            eval_transform(h.img_size, h.in_chans, dict(run_cfg.data.get("augment") or {})))
-        out_dir = Path(cfg.paths.output_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        batch, written = int(cfg.get("batch_size") or 64), []
-        for k, start in enumerate(range(0, len(images), batch)):  # one grid per batch of images
-            x = torch.stack([images[i][0] for i in range(start, min(start + batch, len(images)))]).to(self.device)
-            with torch.inference_mode():
-                _, pred, mask = self(x, noise=self.fixed_noise(x.shape[0], 0))
-            out = out_dir / ("reconstructions.png" if k == 0 else f"reconstructions_{k + 1}.png")
-            Image.fromarray(self.reconstruction_grid(x, pred, mask)).save(out)
-            written.append(out)
-        print(f"{len(files)} image(s): original | masked input | reconstruction written to "
-              f"{', '.join(map(str, written))}", flush=True)
-        return written[0]
-
-
 # ---- fine-tuning: the MAE encoder into a timm ViT
 
 def find_mae_checkpoint(init_from: str) -> Path:

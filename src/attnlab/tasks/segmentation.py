@@ -19,7 +19,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from attnlab.errors import UserError
 from attnlab.nn.unet import UNet
 from attnlab.tasks.base import BaseTask
-from attnlab.utils.seg_media import denormalize, overlay_grid, palette_png
+from attnlab.utils.seg_media import denormalize, overlay_grid
 
 log = logging.getLogger("attnlab")
 
@@ -324,41 +324,3 @@ class Segmenter(BaseTask):
 
         h = self.hparams
         return training_flops_per_sample(self.net, (h.in_chans, h.img_size, h.img_size))
-
-    # ---- predict.py
-    def predict_cli(self, cfg, run_cfg) -> list[Path]:
-        """Writes <name>_mask.png (class indices in a palette PNG) next to each image of `input` (a file or folder)."""
-        from attnlab.data.images import image_files
-        from attnlab.data.segmentation import channels_of, open_image
-
-        files = image_files(cfg.get("input"), skip_suffix="_mask")
-        h = self.hparams
-        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
-        std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
-        resize = (run_cfg.get("data") or {}).get("eval_resize") if run_cfg is not None else None
-        written = []
-        with torch.inference_mode():
-            for path in files:
-                img = open_image(path)
-                if channels_of(img.mode) != h.in_chans:
-                    log.warning("%s has %d channel(s), the model takes %d: converting it", path,
-                                channels_of(img.mode), h.in_chans)
-                arr = np.array(img.convert("L" if h.in_chans == 1 else "RGB"))
-                x = torch.from_numpy(arr.reshape(*arr.shape[:2], -1)).permute(2, 0, 1).float() / 255.0
-                x = ((x - mean) / std)[None].to(self.device)  # (1, C, H, W)
-                H, W = x.shape[-2:]
-                if resize and min(H, W) != resize:  # the scale evaluation used, then back to the image's own size
-                    scale = resize / min(H, W)
-                    x = F.interpolate(x, size=(round(H * scale), round(W * scale)), mode="bilinear",
-                                      align_corners=False)
-                logits = self.infer(x)
-                if logits.shape[-2:] != (H, W):
-                    logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
-                mask = logits.argmax(1)[0].cpu().numpy()  # (H, W)
-                out = path.with_name(f"{path.stem}_mask.png")
-                palette_png(mask, self.palette).save(out)
-                counts = np.bincount(mask.ravel(), minlength=h.num_classes) / mask.size
-                share = ", ".join(f"{n} {100 * c:.1f}%" for n, c in zip(self.class_names, counts) if c > 0)
-                print(f"{path} -> {out} ({share})", flush=True)
-                written.append(out)
-        return written

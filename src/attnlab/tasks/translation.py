@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hydra.utils import get_class
 from torchmetrics import MeanMetric
 
-from attnlab.data.translation import clean_text, tokenizer_pair
+from attnlab.data.translation import tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings, decode, greedy
 from attnlab.tasks.base import BaseTask
@@ -249,46 +249,6 @@ class Translator(BaseTask):
 
             lg.experiment.log({"val/alignments": [wandb.Image(str(p), caption=p.stem) for p in images],
                                "trainer/global_step": self.global_step})
-
-    # ---- predict.py
-    def predict_cli(self, cfg, run_cfg) -> list[str]:
-        """Translates `text` or each line of the file `input`; prints the translations."""
-        if self.tokenizers is None:
-            raise UserError("this checkpoint holds no tokenizers: retrain with attnlab's translation data.")
-        if cfg.get("text"):
-            lines = [str(cfg.text)]
-        elif cfg.get("input"):
-            path = Path(str(cfg.input)).expanduser()
-            if not path.is_file():
-                raise UserError(f"input={path} does not exist: give a text file with one sentence per line, or "
-                                'text="a sentence".')
-            lines = path.read_text(encoding="utf-8").splitlines()
-        else:
-            raise UserError('predict.py for a translation model needs text="a sentence" or input=<file with one '
-                            "sentence per line>.")
-        self.decode_cfg |= {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
-        data = run_cfg.get("data", {})
-        src_tok = self.tokenizers[0]
-        limit = min(int(data.get("max_length") or 10**9), getattr(self.net.config, "max_len", 10**9))
-        out = []
-        for start in range(0, len(lines), int(cfg.get("batch_size") or 64)):
-            chunk = lines[start : start + int(cfg.get("batch_size") or 64)]
-            texts = [clean_text(t.strip(), bool(data.get("lowercase")), data.get("normalize")) for t in chunk]
-            encoded = [src_tok.encode(t) for t in texts]
-            for n, e in enumerate(encoded):
-                if len(e) > limit - 1:
-                    log.warning("line %d is %d tokens, longer than the model reads (%d): its end is left out",
-                                start + n + 1, len(e), limit - 1)
-            ids = [e[: limit - 1] + [self.hparams.eos_id] for e in encoded]
-            src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True,
-                                                  padding_value=self.hparams.pad_id).to(self.device)
-            with torch.inference_mode():
-                hyps = self.translate(src)
-            for hyp in hyps:
-                print(hyp, flush=True)
-            out.extend(hyps)
-        return out
-
 
 def _piece(tok, i: int) -> str:
     """A token as shown on an alignment axis: its text, or (a byte-level piece of a character) its vocabulary

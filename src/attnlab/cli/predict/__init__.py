@@ -1,8 +1,14 @@
-"""python predict.py ckpt_path=<path|last> input=<file|folder> (images) — each task defines what it predicts."""
+"""python predict.py ckpt_path=<path|last> [input=<file|folder>] [text=...] [prompt=...]
+
+The checkpoint names its task; the task's predictor does the rest: `attnlab.cli.predict.<task module>.predict(model,
+cfg, run_cfg)` for attnlab's tasks (one module per task module, next to this one), or the dotted path in a task
+class's `predictor` attribute (a user's own LightningModule)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Callable
 
 import hydra
 from omegaconf import DictConfig
@@ -39,10 +45,24 @@ def main():
     from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
-
     sys.argv = quote_free_text(sys.argv)
     fail_before_hydra(check_output_paths, sys.argv[1:])
     return _main()
+
+
+def predictor_for(task_cls: type) -> Callable:
+    """The predict function of a task class: its `predictor` (a dotted path), else attnlab's module of that name."""
+    from attnlab.errors import UserError
+
+    path = getattr(task_cls, "predictor", None)
+    if path is None and task_cls.__module__.startswith("attnlab.tasks."):
+        path = f"{__name__}.{task_cls.__module__.rsplit('.', 1)[1]}.predict"
+    if path is None:
+        raise UserError(f"predict.py does not know how {task_cls.__qualname__} predicts: give the class a `predictor` "
+                        "attribute, the dotted path of a function `predict(model, cfg, run_cfg)` (e.g. "
+                        "predictor = \"mypkg.predict.run\"), or use its own code to predict.")
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def predict(cfg: DictConfig):
@@ -50,7 +70,6 @@ def predict(cfg: DictConfig):
     from omegaconf import OmegaConf
 
     from attnlab.cli import builders
-
     from attnlab.errors import UserError
 
     ckpt = builders.required_checkpoint(cfg, "predict.py")
@@ -63,7 +82,7 @@ def predict(cfg: DictConfig):
     meta = builders.read_run_metadata(ckpt)
     model = builders.load_task(ckpt, meta)
     model = model.to(device).eval()
-    return model.predict_cli(cfg, OmegaConf.create(meta["config"]))
+    return predictor_for(type(model))(model, cfg, OmegaConf.create(meta["config"]))
 
 
 if __name__ == "__main__":

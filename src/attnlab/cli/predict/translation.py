@@ -1,0 +1,52 @@
+"""predict.py for translation: translates `text` or each line of the file `input`, printing the translations."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import UserError
+
+log = logging.getLogger("attnlab")
+
+
+def predict(model, cfg, run_cfg) -> list[str]:
+    from attnlab.data.translation import clean_text
+
+    if model.tokenizers is None:
+        raise UserError("this checkpoint holds no tokenizers: retrain with attnlab's translation data.")
+    if cfg.get("text"):
+        lines = [str(cfg.text)]
+    elif cfg.get("input"):
+        path = Path(str(cfg.input)).expanduser()
+        if not path.is_file():
+            raise UserError(f"input={path} does not exist: give a text file with one sentence per line, or "
+                            'text="a sentence".')
+        lines = path.read_text(encoding="utf-8").splitlines()
+    else:
+        raise UserError('predict.py for a translation model needs text="a sentence" or input=<file with one '
+                        "sentence per line>.")
+    model.decode_cfg |= {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
+    data = run_cfg.get("data", {})
+    src_tok = model.tokenizers[0]
+    limit = min(int(data.get("max_length") or 10**9), getattr(model.net.config, "max_len", 10**9))
+    batch, out = int(cfg.get("batch_size") or 64), []
+    for start in range(0, len(lines), batch):
+        texts = [clean_text(t.strip(), bool(data.get("lowercase")), data.get("normalize"))
+                 for t in lines[start : start + batch]]
+        encoded = [src_tok.encode(t) for t in texts]
+        for n, e in enumerate(encoded):
+            if len(e) > limit - 1:
+                log.warning("line %d is %d tokens, longer than the model reads (%d): its end is left out",
+                            start + n + 1, len(e), limit - 1)
+        ids = [e[: limit - 1] + [model.hparams.eos_id] for e in encoded]
+        src = torch.nn.utils.rnn.pad_sequence([torch.tensor(i) for i in ids], batch_first=True,
+                                              padding_value=model.hparams.pad_id).to(model.device)
+        with torch.inference_mode():
+            hyps = model.translate(src)
+        for hyp in hyps:
+            print(hyp, flush=True)
+        out.extend(hyps)
+    return out

@@ -1,0 +1,46 @@
+"""Every Lightning internal attnlab uses (attnlab/compat.py) exists in the installed Lightning: a release that moves
+one fails here, by name. What each does for a run is tested through the runs (resume, checkpoints, logging)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import attnlab
+import attnlab.compat as compat
+
+
+def test_the_internals_compat_uses_exist():
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert isinstance(type(trainer._logger_connector).should_update_logs, property)
+    assert hasattr(trainer._accelerator_connector, "use_distributed_sampler")
+    loop = trainer.fit_loop
+    for name in ("_combined_loader_states_to_load", "_combined_loader", "_data_fetcher"):
+        assert hasattr(loop, name), name
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    assert callable(CombinedLoader._load_state_dicts)
+    for name in ("_monitor_candidates", "_should_skip_saving_checkpoint", "_save_last_checkpoint",
+                 "_should_save_on_train_epoch_end"):
+        assert callable(getattr(ModelCheckpoint, name)), name
+    assert compat.logs_this_step(trainer) in (True, False)
+
+
+def test_no_module_but_compat_touches_a_private_lightning_attribute():
+    """`trainer._x`, `loop._x`, `super()._x(...)`: private names of Lightning objects appear only in compat.py."""
+    suspects = ("trainer", "loop", "fit_loop", "super()", "_trainer", "connector")
+    found = []
+    for path in Path(attnlab.__file__).parent.rglob("*.py"):
+        if path.name == "compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = ast.unparse(node.value)
+                if owner.split(".")[-1] in suspects or owner.endswith(("trainer", "_connector")):
+                    found.append(f"{path.name}:{node.lineno} {owner}.{node.attr}")
+    assert found == [], found
+    assert inspect.getsource(compat).count("._") > 5  # and compat.py is where they are
