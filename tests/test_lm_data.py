@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from attnlab.data import tokenizers as toks
-from attnlab.data.text import MaskingCollator, TextDataModule, mask_tokens, pack_spans
+from attnlab.data.lm_datasets import MaskingCollator, mask_tokens, pack_spans
+from attnlab.data.text import TextDataModule
 from attnlab.errors import UserError
 from conftest import real_data
 
@@ -225,7 +226,7 @@ def test_random_starts_are_split_across_ddp_ranks_and_lightning_leaves_them_unwr
     from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
 
     from attnlab.data.samplers import ResumableDataLoader
-    from attnlab.data.text import RandomStarts
+    from attnlab.data.lm_datasets import RandomStarts
 
     whole = RandomStarts(1000, 64, seed=3)
     ranks = [RandomStarts(1000, 64, seed=3, num_replicas=2, rank=r) for r in (0, 1)]
@@ -259,7 +260,7 @@ def test_processes_preparing_the_same_corpus_at_once_share_the_cache(tmp_path, m
     import multiprocessing
     import time
 
-    from attnlab.data import text
+    from attnlab.data import token_arrays as text
 
     chunks = text._chunks
 

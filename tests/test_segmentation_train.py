@@ -18,7 +18,8 @@ from PIL import Image
 
 from attnlab.cli.predict import predict
 from attnlab.cli.training import train
-from attnlab.data.segmentation import MembraneDataModule, VOCDataModule
+from attnlab.data.seg_benchmarks import VOCDataModule
+from attnlab.data.segmentation import MembraneDataModule
 from attnlab.errors import UserError
 from attnlab.tasks.segmentation import Segmenter
 from conftest import FAST, compose_cfg, real_data

@@ -12,7 +12,7 @@ import sacrebleu
 import torch
 
 from attnlab.cli.training import train
-from attnlab.data.translation import BucketBatchSampler
+from attnlab.data.parallel_sets import BucketBatchSampler
 from attnlab.errors import UserError
 from attnlab.nn.decoding import beam_search, greedy
 from attnlab.nn.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig

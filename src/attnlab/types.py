@@ -32,7 +32,7 @@ def _codec(name: str) -> str:
     try:
         codecs.lookup(name)
     except LookupError:
-        raise ValueError(f"not a text encoding Python knows (e.g. utf-8, latin-1, cp1252, utf-16)") from None
+        raise ValueError("not a text encoding Python knows (e.g. utf-8, latin-1, cp1252, utf-16)") from None
     return name
 
 

@@ -13,7 +13,7 @@ log = logging.getLogger("attnlab")
 
 
 def predict(model, cfg, run_cfg) -> list[str]:
-    from attnlab.data.translation import clean_text
+    from attnlab.data.parallel_text import clean_text
 
     if model.tokenizers is None:
         raise UserError("this checkpoint holds no tokenizers: retrain with attnlab's translation data.")

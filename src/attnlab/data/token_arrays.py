@@ -1,0 +1,111 @@
+"""Documents tokenized once into memory-mapped token arrays (and document ends) under the cache directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from attnlab.data.text_sources import SEPARATOR, Source
+from attnlab.data.tokenizers import CharTokenizer, TextTokenizer
+from attnlab.errors import UserError
+
+
+log = logging.getLogger("attnlab")
+
+
+# ---- token arrays on disk
+
+class TokenArray:
+    """A slice [start, end) of a memory-mapped token file, opened lazily (so DataLoader workers each map it)."""
+
+    def __init__(self, path: Path, dtype: str, start: int = 0, end: int | None = None):
+        self.path, self.dtype = Path(path), dtype
+        total = self.path.stat().st_size // np.dtype(dtype).itemsize
+        self.start, self.end = start, total if end is None else end
+        self._mm: np.memmap | None = None
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._mm is None:
+            self._mm = np.memmap(self.path, dtype=self.dtype, mode="r")
+        return self._mm[self.start : self.end]
+
+    def __getstate__(self):
+        return self.__dict__ | {"_mm": None}
+
+    def slice(self, a: int, b: int) -> TokenArray:
+        return TokenArray(self.path, self.dtype, self.start + a, self.start + b)
+
+
+def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | None) -> tuple[Path, Path]:
+    """Writes the token ids of all documents to `out`.bin (uint16 when the vocabulary fits) and the token offset
+    at which each document ends to `out`.docs.npy. Atomic: a run that stops halfway leaves no cache behind.
+    Processes preparing the same split at once (DDP ranks, parallel sweep jobs) take turns through a file lock:
+    the first writes it, the others wait and use it."""
+    from filelock import FileLock
+
+    bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
+    if not (bin_path.is_file() and docs_path.is_file()):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{out}.lock"):
+            if not (bin_path.is_file() and docs_path.is_file()):  # another process may have written them meanwhile
+                _write_tokens(source, tok, out, eot)
+    return bin_path, docs_path
+
+
+def _write_tokens(source: Source, tok: TextTokenizer, out: Path, eot: int | None) -> None:
+    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+    bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
+    tmp, docs_tmp = (out.with_suffix(f".{os.getpid()}{suffix}.tmp") for suffix in (".bin", ".docs.npy"))
+    ends: list[int] = []
+    written = 0
+    log.info("tokenizing the %s split into %s", source.name, bin_path)
+    from tqdm.auto import tqdm
+
+    # a progress bar on a terminal (documents, tokens); HF tokenizers' encode_batch already uses every core
+    bar = tqdm(desc=f"tokenizing {source.name}", unit=" docs", disable=None, leave=False)
+    with open(tmp, "wb") as f, bar:
+        for chunk in _chunks(source.docs(), 8192):
+            if source.records and eot is None:  # records separated by newlines when there is no end-of-text token
+                chunk = [d if d.endswith(SEPARATOR) else d + SEPARATOR for d in chunk]
+            if isinstance(tok, CharTokenizer):
+                chunk = [tok.normalize(d) for d in chunk]  # lowercasing may change a document's length
+                ids = tok.encode_array("".join(chunk))
+                lengths = [len(d) for d in chunk]
+            else:
+                encoded = tok.encode_batch(chunk)
+                if source.records and eot is not None:
+                    encoded = [e + [eot] for e in encoded]
+                lengths = [len(e) for e in encoded]
+                ids = np.fromiter((i for e in encoded for i in e), dtype=np.int64, count=sum(lengths))
+            f.write(ids.astype(dtype).tobytes())
+            ends.extend((written + np.cumsum(lengths)).tolist())
+            written += len(ids)
+            bar.update(len(chunk))
+            bar.set_postfix_str(f"{written:,} tokens", refresh=False)
+    if written == 0:
+        tmp.unlink()
+        raise UserError(f"the {source.name} split holds no text (0 tokens after tokenization): check its files "
+                        "(data.files / data.val_files / data.test_files) or data.text_column.")
+    with open(docs_tmp, "wb") as f:
+        np.save(f, np.asarray(ends, dtype=np.int64))
+    docs_tmp.replace(docs_path)
+    tmp.replace(bin_path)
+
+
+def _chunks(it: Iterator[str], n: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for doc in it:
+        chunk.append(doc)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
