@@ -19,7 +19,8 @@ from attnlab.nn.mae import MaskedAutoencoderViT
 from attnlab.optim import schedulers
 from attnlab.optim.param_groups import param_groups
 from attnlab.tasks.classification import ImageClassifier
-from attnlab.tasks.mae import MAE_TARGET, MAEPretrainer, load_mae_encoder
+from attnlab.tasks.mae import MAEPretrainer
+from attnlab.transfer.mae_vit import MAE_TARGET, load_mae_encoder
 from conftest import FAST, compose_cfg
 
 ARCH = dict(embed_dim=32, depth=2, num_heads=2)  # a tiny encoder for unit tests

@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from attnlab.checkpoints import newest_last, read_checkpoint
 from attnlab.config import constructor_kwargs, import_user_modules, named_parameters
 from attnlab.errors import UserError
 
@@ -193,12 +194,6 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
 
 # ---- checkpoints
 
-def find_last_checkpoint(log_dir: Path, task_name: str | None = None) -> Path | None:
-    base = log_dir / task_name if task_name else log_dir
-    found = [p for p in base.glob("**/checkpoints/last.ckpt")] if base.is_dir() else []
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
 def required_checkpoint(cfg: DictConfig, script: str) -> str:
     """The checkpoint eval.py / predict.py work on, which the user must name."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.ckpt_path:
@@ -211,7 +206,7 @@ def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | Non
     if not ckpt_path:
         return None
     if str(ckpt_path) == "last":
-        last = find_last_checkpoint(Path(log_dir), task_name)
+        last = newest_last(Path(log_dir) / task_name if task_name else Path(log_dir))
         if last is None:
             where = Path(log_dir) / (task_name or "")
             raise UserError(
@@ -247,12 +242,8 @@ def checkpoint_in_run_dir(cfg: DictConfig) -> str | None:
 
 def read_run_metadata(ckpt_path: str) -> dict:
     """The run metadata (resolved config, W&B id) stored in a checkpoint by attnlab."""
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:
-        raise UserError(f"cannot read checkpoint {ckpt_path}: {e}. The file is not a PyTorch checkpoint "
-                        "or is truncated.") from e
-    meta = ckpt.get("attnlab") if isinstance(ckpt, dict) else None
+    ckpt = read_checkpoint(ckpt_path, mmap=True)
+    meta = ckpt.get("attnlab")
     if not meta:
         raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "
                         "give a checkpoint from <run dir>/checkpoints/.")

@@ -7,7 +7,7 @@ the mean squared error on the masked patches only, against per-patch normalized 
 The stages follow facebookresearch/mae models_mae.py: patchify, unpatchify, random_masking, forward_encoder,
 forward_decoder, forward_loss. The encoder is built from timm's PatchEmbed and Block and its parameters are named
 as in timm's VisionTransformer (patch_embed.*, cls_token, pos_embed, blocks.N.*, norm.*), so that its weights load
-into a timm ViT for fine-tuning (attnlab.tasks.mae.load_mae_encoder).
+into a timm ViT for fine-tuning (attnlab.transfer.mae_vit.load_mae_encoder).
 """
 
 from __future__ import annotations

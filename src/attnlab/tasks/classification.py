@@ -142,7 +142,7 @@ class ImageClassifier(BaseTask):
             kwargs["drop_path_rate"] = drop_path_rate
         self.net = create_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
         if init_from:  # a non-ViT is refused here, before the data; the weights are loaded in setup()
-            from attnlab.tasks.mae import require_vit
+            from attnlab.transfer.mae_vit import require_vit
 
             require_vit(self.net, backbone)
         if freeze_backbone and not hasattr(self.net, "get_classifier"):
@@ -169,7 +169,7 @@ class ImageClassifier(BaseTask):
         # here rather than in __init__: eval.py and predict.py rebuild the task from its own checkpoint, and a resumed
         # fit continues from its own weights; neither reads the MAE checkpoint
         if self.hparams.init_from and not getattr(self, "_resumed", False):
-            from attnlab.tasks.mae import load_mae_encoder
+            from attnlab.transfer.mae_vit import load_mae_encoder
 
             load_mae_encoder(self.net, self.hparams.init_from, self.hparams.backbone)
 
