@@ -62,33 +62,43 @@ class BaseDataModule(L.LightningDataModule):
         if self.train_set is None:
             self.train_set, self.val_set, self.test_set = self.build_splits()
 
-    # ---- loaders
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
-        bs = self.batch_size if train else self.eval_batch_size
-        if train and bs > len(ds):
+    # ---- loaders: one builder; a data module changes what it needs through the hooks below
+    def train_sampler(self, ds: Dataset, batch_size: int, world: int, rank: int):
+        """The training sampler: each epoch a new permutation, split across processes. A DistributedSampler, which
+        Lightning leaves in place under DDP (its own wrapper would not pass set_epoch on)."""
+        if batch_size > len(ds):
             raise UserError(
-                f"data.batch_size={bs} is larger than the training split ({len(ds):,} samples). "
+                f"data.batch_size={batch_size} is larger than the training split ({len(ds):,} samples). "
                 f"Set data.batch_size to at most {len(ds)} (or use more data)."
             )
-        if not train:
-            return DataLoader(ds, batch_size=bs, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                              persistent_workers=self.num_workers > 0)
+        return EpochShuffleSampler(len(ds), self.seed, num_replicas=world, rank=rank)
+
+    def batch_sampler(self, ds: Dataset, train: bool, world: int, rank: int):
+        """A sampler of whole batches (length bucketing) instead of batch_size; None: batches of batch_size."""
+        return None
+
+    def collate_fn(self, train: bool):
+        return None
+
+    def loader_generator(self) -> torch.Generator | None:
+        """The training loader's own generator: creating an epoch's iterator then draws nothing from the global
+        random state, which a resumed run restores (see ResumableDataLoader)."""
+        return torch.Generator().manual_seed(self.seed)
+
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        bs = self.batch_size if train else self.eval_batch_size
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        # a DistributedSampler: Lightning leaves it in place under DDP (its own wrapper would not pass set_epoch on)
-        sampler = EpochShuffleSampler(len(ds), self.seed, num_replicas=world, rank=rank)
-        # the loader's own generator: creating an epoch's iterator then draws nothing from the global random state,
-        # which a resumed run restores (see ResumableDataLoader)
-        return ResumableDataLoader(
-            ds,
-            batch_size=bs,
-            sampler=sampler,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-            drop_last=len(ds) > bs,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
+        common = dict(num_workers=self.num_workers, pin_memory=self.pin_memory,
+                      persistent_workers=self.num_workers > 0, collate_fn=self.collate_fn(train))
+        loader = ResumableDataLoader if train else DataLoader  # training saves its position in checkpoints
+        batches = self.batch_sampler(ds, train, world, rank)
+        if batches is not None:
+            return loader(ds, batch_sampler=batches, **common)
+        if not train:
+            return DataLoader(ds, batch_size=bs, **common)
+        return loader(ds, batch_size=bs, sampler=self.train_sampler(ds, bs, world, rank), drop_last=len(ds) > bs,
+                      generator=self.loader_generator(), **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

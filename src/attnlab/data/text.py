@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key
 from attnlab.data.lm_datasets import (MaskingCollator, PackedSequences, RandomStarts, Windows, fixed_starts,
                                       pack_spans)
-from attnlab.data.samplers import ResumableDataLoader
 from attnlab.data.text_sources import OBJECTIVES, SEPARATOR, Source, file_source, hub_source
 from attnlab.data.token_arrays import TokenArray, tokenize_to_disk
 from attnlab.data.tokenizers import CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer
@@ -244,31 +243,14 @@ class TextDataModule(BaseDataModule):
         return MaskingCollator(specials[0], specials[3], specials, tok.vocab_size, self.mlm_probability,
                                seed=None if train else self.seed)
 
-    def _make_loader(self, ds: Dataset, train: bool) -> DataLoader:
-        bs = self.batch_size if train else self.eval_batch_size
-        sampler = None
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        if train and isinstance(ds, Windows):
-            n = self.train_samples_per_epoch or max(bs * world, len(ds.tokens) // self.block_size)
-            sampler = RandomStarts(len(ds), int(n), self.seed, num_replicas=world, rank=rank)
-        elif train:
-            from attnlab.data.samplers import EpochShuffleSampler
+    def train_sampler(self, ds: Dataset, batch_size: int, world: int, rank: int):
+        if isinstance(ds, Windows):  # random windows, as many per epoch as the tokens fill (or as configured)
+            n = self.train_samples_per_epoch or max(batch_size * world, len(ds.tokens) // self.block_size)
+            return RandomStarts(len(ds), int(n), self.seed, num_replicas=world, rank=rank)
+        return super().train_sampler(ds, batch_size, world, rank)
 
-            if bs > len(ds):
-                raise UserError(f"data.batch_size={bs} is larger than the training split ({len(ds):,} sequences). "
-                                f"Set data.batch_size to at most {len(ds)} (or use more text).")
-            sampler = EpochShuffleSampler(len(ds), self.seed, num_replicas=world, rank=rank)
-        loader = ResumableDataLoader if train else DataLoader  # train: resumes at the batch it stopped at
-        return loader(ds, batch_size=bs, sampler=sampler, num_workers=self.num_workers,
-                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
-                      drop_last=train, collate_fn=self._collate(train))
+    def collate_fn(self, train: bool):
+        return self._collate(train)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._make_loader(self.train_set, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._make_loader(self.val_set, False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._make_loader(self.test_set, False)
-
+    def loader_generator(self) -> None:
+        return None  # the samplers hold their own seeds

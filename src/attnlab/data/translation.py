@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader
 
 from attnlab.compat import keep_own_batch_sampler
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.parallel_sets import BucketBatchSampler, PadCollator, ParallelSet, RaggedArray, write_ragged
 from attnlab.data.parallel_text import clean_text, hub_pairs, multi30k_files, read_pair, read_tsv
-from attnlab.data.samplers import ResumableDataLoader
 from attnlab.data.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 
@@ -210,17 +208,13 @@ class TranslationDataModule(BaseDataModule):
         if self.trainer is not None:  # the batch samplers shard by rank themselves: Lightning must not re-wrap them
             keep_own_batch_sampler(self.trainer)
 
-    def _loader(self, ds: ParallelSet, train: bool) -> DataLoader:
-        trainer = self.trainer
-        world = trainer.world_size if trainer is not None else 1
-        rank = trainer.global_rank if trainer is not None else 0
-        sampler = BucketBatchSampler(ds.lengths(), self.batch_size if train else self.eval_batch_size,
-                                     self.max_tokens if train else None, shuffle=train, seed=self.seed,
-                                     num_replicas=world, rank=rank)
-        loader = ResumableDataLoader if train else DataLoader  # training saves its position in checkpoints
-        return loader(ds, batch_sampler=sampler, collate_fn=PadCollator(self.meta["pad_id"]),
-                      num_workers=self.num_workers, pin_memory=self.pin_memory,
-                      persistent_workers=self.num_workers > 0)
+    def batch_sampler(self, ds: ParallelSet, train: bool, world: int, rank: int) -> BucketBatchSampler:
+        return BucketBatchSampler(ds.lengths(), self.batch_size if train else self.eval_batch_size,
+                                  self.max_tokens if train else None, shuffle=train, seed=self.seed,
+                                  num_replicas=world, rank=rank)
+
+    def collate_fn(self, train: bool) -> PadCollator:
+        return PadCollator(self.meta["pad_id"])
 
 
 def tokenizer_pair(src_json: str, tgt_json: str) -> tuple[TextTokenizer, TextTokenizer]:
