@@ -19,7 +19,7 @@ from attnlab.data.segmentation import MembraneDataModule, SegFolderDataModule
 from attnlab.errors import UserError
 from attnlab.nn.unet import UNet
 from attnlab.tasks.segmentation import Segmenter, iou_from_confusion, pad_forward, sliding_window
-from attnlab.utils.seg_media import denormalize
+from attnlab.utils.media import denormalize
 
 # ---- joint transforms
 
@@ -41,7 +41,7 @@ def _pair(h: int = 60, w: int = 80, classes: int = 4) -> tuple[torch.Tensor, tor
 ])
 def test_crops_and_flips_keep_image_and_mask_exactly_aligned(augment):
     image, mask = _pair()
-    t = T.train_transform(96, mean=[0, 0, 0], std=[1, 1, 1], augment=augment)
+    t = T.train_pair_transform(96, mean=[0, 0, 0], std=[1, 1, 1], augment=augment)
     for seed in range(20):
         torch.manual_seed(seed)
         x, y = t(image, mask)
@@ -68,7 +68,7 @@ def test_crops_and_flips_keep_image_and_mask_exactly_aligned(augment):
 ])
 def test_resizing_transforms_keep_labels_in_the_class_set_and_aligned(augment):
     image, mask = _pair(120, 160)
-    t = T.train_transform(64, mean=[0, 0, 0], std=[1, 1, 1], augment=augment)
+    t = T.train_pair_transform(64, mean=[0, 0, 0], std=[1, 1, 1], augment=augment)
     for seed in range(20):
         torch.manual_seed(seed)
         x, y = t(image, mask)
@@ -85,7 +85,7 @@ def test_resizing_transforms_keep_labels_in_the_class_set_and_aligned(augment):
 
 def test_eval_resize_keeps_mask_values():
     image, mask = _pair(60, 80)
-    x, y = T.eval_transform([0, 0, 0], [1, 1, 1], resize=45)(image, mask)
+    x, y = T.eval_pair_transform([0, 0, 0], [1, 1, 1], resize=45)(image, mask)
     assert y.shape == (45, 60) and x.shape == (3, 45, 60)
     assert set(y.unique().tolist()) <= set(mask.unique().tolist())
 

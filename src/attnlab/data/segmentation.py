@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule, split_by_fraction
 from attnlab.data.images import IMAGE_EXTENSIONS
-from attnlab.data.seg_transforms import IGNORE_INDEX, eval_transform, train_transform
+from attnlab.data.seg_transforms import IGNORE_INDEX, eval_pair_transform, train_pair_transform
 from attnlab.errors import UserError
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
@@ -295,8 +295,8 @@ class SegmentationDataModule(BaseDataModule):
 
     def build_splits(self):
         train, val, test = self.datasets()
-        evaluate = eval_transform(self.mean, self.std, self.eval_resize)
-        train = train.with_transform(train_transform(self.image_size, self.mean, self.std, self.augment))
+        evaluate = eval_pair_transform(self.mean, self.std, self.eval_resize)
+        train = train.with_transform(train_pair_transform(self.image_size, self.mean, self.std, self.augment))
         if self.samples_per_epoch:
             train = Repeated(train, self.samples_per_epoch)
         return train, val.with_transform(evaluate), test.with_transform(evaluate)

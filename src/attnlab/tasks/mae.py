@@ -17,8 +17,7 @@ from torchmetrics import MeanMetric
 from attnlab.nn.mae import mae_vit
 from attnlab.tasks.base import BaseTask
 from attnlab.types import MultipleOf, PositiveInt
-from attnlab.utils.media import log_image, panel_grid
-from attnlab.utils.seg_media import denormalize
+from attnlab.utils.media import denormalize, log_image, panel_grid
 
 log = logging.getLogger("attnlab")
 

@@ -19,7 +19,8 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from attnlab.errors import UserError
 from attnlab.nn.unet import UNet
 from attnlab.tasks.base import BaseTask
-from attnlab.utils.seg_media import denormalize, overlay_grid
+from attnlab.utils.media import denormalize
+from attnlab.utils.seg_media import overlay_grid
 
 log = logging.getLogger("attnlab")
 

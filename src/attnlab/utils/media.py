@@ -1,10 +1,22 @@
-"""Task media (sample tables, images) for W&B: a no-op when no WandbLogger is attached."""
+"""Task media: images shown as they were before normalization, and sample tables and images for W&B (a no-op
+when no WandbLogger is attached)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+
+
+def denormalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """(C, H, W) normalized tensor -> uint8 RGB (H, W, 3)."""
+    m = torch.tensor(mean, dtype=torch.float32)[:, None, None]
+    s = torch.tensor(std, dtype=torch.float32)[:, None, None]
+    img = (image.detach().float().cpu() * s + m).clamp(0, 1)
+    arr = (img * 255).round().byte().permute(1, 2, 0).numpy()
+    return np.repeat(arr, 3, axis=-1) if arr.shape[-1] == 1 else arr
 
 
 def wandb_logger(trainer):
