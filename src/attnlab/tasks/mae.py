@@ -17,7 +17,7 @@ from torchmetrics import MeanMetric
 from attnlab.nn.mae import mae_vit
 from attnlab.tasks.base import BaseTask
 from attnlab.types import MultipleOf, PositiveInt
-from attnlab.utils.media import denormalize, log_image, panel_grid
+from attnlab.utils.media import denormalize, panel_grid, save_media
 
 log = logging.getLogger("attnlab")
 
@@ -111,16 +111,8 @@ class MAEPretrainer(BaseTask):
         return panel_grid(rows, height=max(96, x.shape[-1]))
 
     def _save_media(self) -> Path:
-        from PIL import Image
-
-        grid = self.reconstruction_grid(*self._media)
-        out = Path(self.trainer.default_root_dir) / "media"
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"val_epoch{self.current_epoch:03d}_step{self.global_step:06d}.png"
-        Image.fromarray(grid).save(path)
-        log_image(self.trainer, "val/reconstructions", grid,
-                  "original | masked input | reconstruction (predicted masked patches + the visible ones)")
-        return path
+        return save_media(self.trainer, "val/reconstructions", self.reconstruction_grid(*self._media),
+                          "original | masked input | reconstruction (predicted masked patches + the visible ones)")
 
     def flops_per_sample(self) -> float | None:
         from attnlab.utils.flops import training_flops_per_sample

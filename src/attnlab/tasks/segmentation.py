@@ -19,7 +19,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from attnlab.errors import UserError
 from attnlab.nn.unet import UNet
 from attnlab.tasks.base import BaseTask
-from attnlab.utils.media import denormalize
+from attnlab.utils.media import denormalize, log_table, save_media
 from attnlab.utils.seg_media import overlay_grid
 
 log = logging.getLogger("attnlab")
@@ -271,21 +271,9 @@ class Segmenter(BaseTask):
             self._save_media()
         self._media = []
 
-    def _save_media(self) -> None:
-        from PIL import Image
-
-        grid = overlay_grid(self._media, self.palette)
-        out = Path(self.trainer.default_root_dir) / "media"
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"val_epoch{self.current_epoch:03d}_step{self.global_step:06d}.png"
-        Image.fromarray(grid).save(path)
-        for lg in self.trainer.loggers:
-            if type(lg).__name__ == "WandbLogger":
-                import wandb
-
-                caption = "image | ground truth | prediction"
-                lg.experiment.log({"val/overlays": wandb.Image(grid, caption=caption),
-                                   "trainer/global_step": self.global_step})
+    def _save_media(self) -> Path:
+        return save_media(self.trainer, "val/overlays", overlay_grid(self._media, self.palette),
+                          "image | ground truth | prediction")
 
     def test_step(self, batch, batch_idx):
         return self._eval_step(batch, self.test_cm, "test")
@@ -301,12 +289,7 @@ class Segmenter(BaseTask):
                 self.log(f"test/iou/{name}", value, sync_dist=True)
         if self.trainer.is_global_zero:
             print(self.iou_table(float(miou), float(acc)), flush=True)
-            for lg in self.trainer.loggers:
-                if type(lg).__name__ == "WandbLogger":
-                    import wandb
-
-                    rows = [[n, v] for n, v in self.test_iou.items()]
-                    lg.experiment.log({"test/iou_table": wandb.Table(columns=["class", "iou"], data=rows)})
+            log_table(self.trainer, "test/iou_table", ["class", "iou"], [[n, v] for n, v in self.test_iou.items()])
 
     def iou_table(self, miou: float, acc: float) -> str:
         width = max(12, *(len(n) for n in self.class_names))

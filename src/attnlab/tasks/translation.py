@@ -22,7 +22,7 @@ from attnlab.data.translation import tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings, decode, greedy
 from attnlab.tasks.base import BaseTask
-from attnlab.utils.media import log_table, wandb_logger
+from attnlab.utils.media import log_images, log_table
 
 log = logging.getLogger("attnlab")
 
@@ -243,12 +243,7 @@ class Translator(BaseTask):
             path = folder / f"step{self.global_step:06d}_{i}.png"
             plot_alignment(attn.float().numpy(), src, tgt, path, title=self._fixed["src_text"][i])
             images.append(path)
-        lg = wandb_logger(self.trainer)
-        if lg is not None and images:
-            import wandb
-
-            lg.experiment.log({"val/alignments": [wandb.Image(str(p), caption=p.stem) for p in images],
-                               "trainer/global_step": self.global_step})
+        log_images(self.trainer, "val/alignments", [(p, p.stem) for p in images])
 
 def _piece(tok, i: int) -> str:
     """A token as shown on an alignment axis: its text, or (a byte-level piece of a character) its vocabulary

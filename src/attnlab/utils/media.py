@@ -4,6 +4,7 @@ when no WandbLogger is attached)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,13 +55,32 @@ def log_table(trainer, key: str, columns: list[str], rows: list[list[Any]], imag
 
 
 def log_image(trainer, key: str, image: Any, caption: str | None = None) -> None:
-    """One image (uint8 (H, W[, C]) array) under `key` in W&B; a no-op without a WandbLogger."""
+    """One image (a uint8 (H, W[, C]) array or a file path) under `key` in W&B; a no-op without a WandbLogger."""
+    log_images(trainer, key, [(image, caption)], single=True)
+
+
+def log_images(trainer, key: str, images: list[tuple[Any, str | None]], single: bool = False) -> None:
+    """(image, caption) pairs as one media panel under `key` in W&B; a no-op without a WandbLogger."""
     lg = wandb_logger(trainer)
-    if lg is None:
+    if lg is None or not images:
         return
     import wandb
 
-    lg.experiment.log({key: wandb.Image(image, caption=caption), "trainer/global_step": trainer.global_step})
+    panel = [wandb.Image(str(im) if isinstance(im, Path) else im, caption=caption) for im, caption in images]
+    lg.experiment.log({key: panel[0] if single else panel, "trainer/global_step": trainer.global_step})
+
+
+def save_media(trainer, key: str, image: Any, caption: str | None = None) -> Path:
+    """A validation image (uint8 array) written to <run dir>/media/val_epoch<E>_step<S>.png and sent to W&B under
+    `key`; returns the file."""
+    from PIL import Image
+
+    out = Path(trainer.default_root_dir) / "media"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"val_epoch{trainer.current_epoch:03d}_step{trainer.global_step:06d}.png"
+    Image.fromarray(image).save(path)
+    log_image(trainer, key, image, caption)
+    return path
 
 
 def panel_grid(rows: list[list[Any]], height: int = 96, pad: int = 2) -> Any:
