@@ -4,109 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import timm
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
-import attnlab.nn.timm_compact  # noqa: F401  (registers vit_compact with timm)
 from attnlab.errors import UserError
+from attnlab.nn.factory import create_backbone
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import log_table, samples_wanted, to_display
 from attnlab.types import Fraction
-
-
-def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
-                    **kwargs) -> torch.nn.Module:
-    """timm.create_model with a clear error for unknown names, arguments a model rejects, and offline weights; or,
-    for a dotted path (`mypkg.nets.TinyCNN`), the user's own nn.Module class or factory."""
-    if not timm.is_model(backbone) and "." in backbone:
-        return _user_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
-    if not timm.is_model(backbone):
-        close = timm.list_models(f"*{backbone.split('_')[0]}*")[:12]
-        raise UserError(
-            f"model.backbone={backbone} is not a timm model. Similar names: {', '.join(close) or 'none'}. "
-            "List them all with `python -c \"import timm; print(timm.list_models())\"`, or give the dotted path of "
-            "your own nn.Module class or factory (model.backbone=mypkg.nets.MyNet)."
-        )
-    args = dict(num_classes=num_classes, in_chans=in_chans, pretrained=pretrained, **kwargs)
-    try:
-        try:
-            net = timm.create_model(backbone, img_size=img_size, **args)
-        except TypeError as e:  # convnets take no img_size
-            if "img_size" not in str(e):
-                raise
-            net = timm.create_model(backbone, **args)
-        _check_small_input(net, backbone, in_chans, img_size)
-        return net
-    except TypeError as e:
-        raise UserError(
-            f"timm model '{backbone}' rejects an argument: {e}. model.backbone_kwargs={kwargs} holds arguments for "
-            "another architecture: clear them with `~model.backbone_kwargs` or use `model=timm model.backbone=...`."
-        ) from e
-    except (OSError, RuntimeError) as e:
-        if pretrained:
-            raise UserError(
-                f"could not load pretrained weights for '{backbone}' ({e}). Weights come from the Hugging Face hub: "
-                "go online once (they are cached in ~/.cache/huggingface), or set model.pretrained=false."
-            ) from e
-        raise
-
-
-def _user_backbone(path: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
-                   **kwargs) -> torch.nn.Module:
-    """An nn.Module class or factory of the user's, given num_classes and in_chans, img_size where it takes it,
-    and model.backbone_kwargs."""
-    import inspect
-
-    from hydra.utils import get_object
-
-    try:
-        factory = get_object(path)
-    except Exception as e:
-        raise UserError(
-            f"model.backbone={path} is neither a timm model nor an importable class or function ({e.__cause__ or e}). "
-            "Check the dotted path; its package must be installed, on PYTHONPATH or in the working directory."
-        ) from e
-    if pretrained:
-        raise UserError(f"model.pretrained=true loads timm's published weights, but model.backbone={path} is your "
-                        "own network: set model.pretrained=false (load its weights in its constructor instead).")
-    params = inspect.signature(factory).parameters
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    args = {"num_classes": num_classes, "in_chans": in_chans, "img_size": img_size}
-    args = {k: v for k, v in args.items() if k in params or (takes_any and k != "img_size")}
-    missing = [k for k in ("num_classes", "in_chans") if k not in args]
-    if missing:
-        raise UserError(
-            f"model.backbone={path} does not take {' and '.join(missing)}: attnlab passes the number of classes and "
-            f"input channels that the data determines. Add {', '.join(f'{k}: int' for k in missing)} to its signature."
-        )
-    net = factory(**args, **kwargs)
-    if not isinstance(net, torch.nn.Module):
-        raise UserError(f"model.backbone={path} returned a {type(net).__name__}, not a torch.nn.Module.")
-    _check_small_input(net, path, in_chans, img_size)
-    return net
-
-
-def _check_small_input(net: torch.nn.Module, backbone: str, in_chans: int, img_size: int | None) -> None:
-    """Images smaller than the backbone was designed for: one dry forward, so that a network whose downsampling
-    runs out of pixels (convnext on 8 px digits) says so now instead of failing inside the first training step."""
-    designed = (getattr(net, "pretrained_cfg", None) or {}).get("input_size", (0, 0, 0))[-1]
-    if not img_size or img_size >= designed:
-        return
-    try:
-        with torch.no_grad():
-            net.eval()(torch.zeros(1, in_chans, img_size, img_size))
-    except RuntimeError as e:
-        raise UserError(
-            f"model.backbone={backbone} cannot take {img_size} px images (it was designed for {designed} px; "
-            f"{str(e).splitlines()[0]}). Train it on larger images (e.g. data=cifar10 with data.image_size=32 or "
-            "more), or pick a backbone for small inputs (model=vit with a small patch size)."
-        ) from e
-    finally:
-        net.train()
 
 
 class ImageClassifier(BaseTask):

@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import timm
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from attnlab.errors import UserError
-from attnlab.nn.unet import UNet
+from attnlab.nn.factory import create_segmenter
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import denormalize, log_table, save_media
 from attnlab.utils.seg_media import overlay_grid
@@ -27,53 +25,6 @@ log = logging.getLogger("attnlab")
 ARCHS = ("unet", "encoder_decoder")
 # parameter names timm's no_weight_decay() hooks list (Swin, ViT, ConvNeXt-style backbones)
 NO_DECAY_LEAVES = {"relative_position_bias_table", "absolute_pos_embed", "pos_embed", "cls_token", "dist_token"}
-
-
-# ---- networks
-
-def build_network(arch: str, num_classes: int, in_chans: int, img_size: int, *, base_channels: int = 64,
-                  depth: int = 4, batch_norm: bool = True, dropout: float = 0.0, backbone: str = "resnet18",
-                  head: str = "upernet", pretrained: bool = False, backbone_kwargs: dict | None = None,
-                  head_kwargs: dict | None = None) -> tuple[nn.Module, bool, int]:
-    """-> (network, takes only img_size x img_size inputs, side multiple the input needs)."""
-    if arch == "unet":
-        return UNet(in_chans, num_classes, base_channels, depth, batch_norm, dropout), False, 1
-    if arch != "encoder_decoder":
-        raise UserError(f"model.arch={arch} is not known: use unet (model=unet) or encoder_decoder "
-                        "(model=segmentation, a timm backbone under model.head).")
-    import segmentation_models_pytorch as smp
-
-    heads = sorted(smp.MODEL_ARCHITECTURES_MAPPING)
-    if head.lower() not in heads:
-        raise UserError(f"model.head={head} is not a segmentation head: use one of {', '.join(heads)} "
-                        "(upernet, fpn and unet are the usual choices).")
-    if not timm.is_model(backbone):
-        close = timm.list_models(f"*{backbone.split('_')[0]}*")[:12]
-        raise UserError(f"model.backbone={backbone} is not a timm model. Similar names: {', '.join(close) or 'none'}. "
-                        "List them with `python -c \"import timm; print(timm.list_models())\"`.")
-    args = dict(encoder_name=f"tu-{backbone}", encoder_weights="imagenet" if pretrained else None,
-                in_channels=in_chans, classes=num_classes, **(head_kwargs or {}), **(backbone_kwargs or {}))
-    try:
-        try:  # transformers (Swin) are built for one input size
-            return smp.create_model(head, img_size=img_size, **args), True, 32
-        except TypeError as e:  # convnets take no img_size
-            if "img_size" not in str(e):
-                raise
-            return smp.create_model(head, **args), False, 32
-    except ValueError as e:
-        if "downsampling pattern" in str(e):
-            raise UserError(f"model.backbone={backbone} gives no feature pyramid for a segmentation head (plain ViTs "
-                            "keep one resolution): use a hierarchical backbone such as swin_tiny_patch4_window7_224, "
-                            "convnext_tiny or resnet50.") from e
-        raise
-    except TypeError as e:
-        raise UserError(f"model.head={head} with backbone {backbone} rejects an argument: {e}. Check "
-                        "model.head_kwargs and model.backbone_kwargs.") from e
-    except (OSError, RuntimeError) as e:
-        if pretrained:
-            raise UserError(f"could not load pretrained weights for '{backbone}' ({e}). Weights come from the Hugging "
-                            "Face hub: go online once (they are then cached), or set model.pretrained=false.") from e
-        raise
 
 
 # ---- inference on images of any size
@@ -175,7 +126,7 @@ class Segmenter(BaseTask):
             raise UserError(f"data.image_size={img_size}: a U-Net of model.depth={depth} halves its input {depth} "
                             f"times and needs crops of at least {2**depth} px; raise data.image_size or lower "
                             "model.depth.")
-        self.net, self.fixed_size, self.multiple = build_network(
+        self.net, self.fixed_size, self.multiple = create_segmenter(
             arch, num_classes, in_chans, img_size, base_channels=base_channels, depth=depth, batch_norm=batch_norm,
             dropout=dropout, backbone=backbone, head=head, pretrained=pretrained, backbone_kwargs=backbone_kwargs,
             head_kwargs=head_kwargs)
