@@ -94,7 +94,7 @@ def test_fixed_sincos_positions_and_no_weight_decay():
     assert not net.pos_embed.requires_grad and not net.decoder_pos_embed.requires_grad
     assert net.pos_embed.shape == (1, 17, 32) and torch.count_nonzero(net.pos_embed[0, 0]) == 0
     assert {"cls_token", "mask_token"} <= net.no_weight_decay()
-    with pytest.raises(UserError, match="model.patch_size=5 does not divide data.image_size=16"):
+    with pytest.raises(UserError, match="patch_size=5 does not divide img_size=16"):
         small_mae(patch_size=5)
 
 

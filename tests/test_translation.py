@@ -397,9 +397,9 @@ def test_a_resumed_epoch_continues_at_the_batch_it_stopped_at():
 
 
 def test_bad_alignment_settings_and_non_utf8_files_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match=r"model.alignment_layer=3, but the decoder has 2 layers"):
+    with pytest.raises(UserError, match=r"alignment_layer=3, but the decoder has 2 layers"):
         transformer(alignment_layer=3)
-    with pytest.raises(UserError, match=r"model.alignment_head=4, but there are 4 heads: give one of 0..3"):
+    with pytest.raises(UserError, match=r"alignment_head=4, but there are 4 heads: give one of 0..3"):
         transformer(alignment_head=4)
     (tmp_path / "a.de").write_bytes("ein Fuß\n".encode("latin1"))
     (tmp_path / "a.en").write_text("a foot\n", encoding="utf-8")

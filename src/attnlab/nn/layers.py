@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.attention import KVCache, MultiHeadAttention
-from attnlab.errors import UserError
+from attnlab.errors import SettingError
 from attnlab.nn.positional import POSITIONAL, ALiBi, RotaryEmbedding
 from attnlab.types import Fraction, MultipleOf, PositiveFloat, PositiveInt
 
@@ -141,17 +141,17 @@ class StackConfig(ConfigSplit):
 
 
 def check_choices(c) -> None:
-    """The settings of a Transformer config `c` (model.positional, norm, ...) a user may mistype, checked at once."""
+    """The settings of a Transformer config `c` (positional, norm, ...) that must fit together, checked at once."""
     for key, choices in (("positional", POSITIONAL), ("norm", NORMS), ("norm_position", NORM_POSITIONS),
                          ("ffn", FFNS)):
         if getattr(c, key) not in choices:
-            raise UserError(f"model.{key}={getattr(c, key)} is not one of {', '.join(choices)}: pick one of those.")
+            raise SettingError(f"{key}={getattr(c, key)} is not one of {', '.join(choices)}: pick one of those.")
     if c.n_embd % c.n_head:
-        raise UserError(f"model.n_embd={c.n_embd} does not split into model.n_head={c.n_head} heads: choose "
-                        f"n_embd a multiple of n_head (e.g. n_embd={c.n_head * 64}).")
+        raise SettingError(f"n_embd={c.n_embd} does not split into n_head={c.n_head} heads: choose n_embd a "
+                           f"multiple of n_head (e.g. n_embd={c.n_head * 64}).")
     if c.positional == "rope" and (c.n_embd // c.n_head) % 2:
-        raise UserError(f"model.positional=rope rotates pairs of channels, but the head dimension "
-                        f"{c.n_embd // c.n_head} (n_embd / n_head) is odd: make it even.")
+        raise SettingError(f"positional=rope rotates pairs of channels, but the head dimension "
+                           f"{c.n_embd // c.n_head} (n_embd / n_head) is odd: make it even.")
 
 
 class StackAccounting:

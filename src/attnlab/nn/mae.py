@@ -17,7 +17,7 @@ from timm.layers import LayerNorm, PatchEmbed
 from timm.models.vision_transformer import Block
 from torch import nn
 
-from attnlab.errors import UserError
+from attnlab.errors import SettingError
 
 # embed_dim, depth, num_heads of ViT-Ti/S/B/L/H (timm's vit_{tiny,small,base,large,huge}_patch*)
 SIZES = {
@@ -64,14 +64,14 @@ class MaskedAutoencoderViT(nn.Module):
     ):
         super().__init__()
         if img_size % patch_size:
-            raise UserError(f"model.patch_size={patch_size} does not divide data.image_size={img_size}: pick a "
-                            f"patch size that does (e.g. model.patch_size={_divisor_near(img_size, patch_size)}).")
+            raise SettingError(f"patch_size={patch_size} does not divide img_size={img_size}: pick a patch size that "
+                               f"does (e.g. patch_size={_divisor_near(img_size, patch_size)}).")
         for name, dim, heads in (("embed_dim", embed_dim, num_heads), ("decoder_dim", decoder_dim, decoder_heads)):
             if dim % 4 or dim % heads:
-                raise UserError(f"model.{name}={dim}: the 2D sin-cos positional embedding needs a multiple of 4, "
-                                f"and the attention a multiple of its {heads} heads. Pick such a width.")
+                raise SettingError(f"{name}={dim}: the 2D sin-cos positional embedding needs a multiple of 4, and "
+                                   f"the attention a multiple of its {heads} heads. Pick such a width.")
         if not 0.0 <= mask_ratio < 1.0:
-            raise UserError(f"model.mask_ratio={mask_ratio}: the fraction of masked patches must be in [0, 1).")
+            raise SettingError(f"mask_ratio={mask_ratio}: the fraction of masked patches must be in [0, 1).")
         self.patch_size, self.in_chans = patch_size, in_chans
         self.mask_ratio, self.norm_pix_loss = mask_ratio, norm_pix_loss
 
@@ -219,7 +219,7 @@ def mae_vit(size: str = "base", embed_dim: int | None = None, depth: int | None 
             num_heads: int | None = None, **kwargs) -> MaskedAutoencoderViT:
     """An MAE whose encoder is ViT-<size>, or any width/depth/heads given explicitly (these win over size)."""
     if size not in SIZES:
-        raise UserError(f"model.size={size} is not a ViT size: use one of {', '.join(SIZES)} (or set model.embed_dim, "
-                        "model.depth and model.num_heads directly).")
+        raise SettingError(f"size={size} is not a ViT size: use one of {', '.join(SIZES)} (or set embed_dim, depth "
+                           "and num_heads directly).")
     d, n, h = SIZES[size]
     return MaskedAutoencoderViT(embed_dim=embed_dim or d, depth=depth or n, num_heads=num_heads or h, **kwargs)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab.errors import UserError
+from attnlab.errors import SettingError
 from attnlab.nn.layers import ConfigSplit
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
@@ -66,9 +66,9 @@ class RNNSeq2Seq(nn.Module):
         super().__init__()
         self.config = c = config
         if c.cell not in CELLS:
-            raise UserError(f"model.cell={c.cell} is not one of {', '.join(CELLS)}: pick one of those.")
+            raise SettingError(f"cell={c.cell} is not one of {', '.join(CELLS)}: pick one of those.")
         if c.attention not in ATTENTIONS:
-            raise UserError(f"model.attention={c.attention} is not one of {', '.join(ATTENTIONS)}: pick one of those.")
+            raise SettingError(f"attention={c.attention} is not one of {', '.join(ATTENTIONS)}: pick one of those.")
         rnn, H, dirs = CELLS[c.cell], c.hidden, 2 if c.bidirectional else 1
         inter = c.dropout if c.n_layer > 1 else 0.0
         self.lstm = c.cell == "lstm"

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import torch
 from torch import nn
 
-from attnlab.errors import UserError
+from attnlab.errors import SettingError, UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
 from attnlab.nn.layers import Block, ConfigSplit, check_choices, make_norm
@@ -55,16 +55,16 @@ class TransformerSeq2Seq(nn.Module):
         check_choices(c)
         n_dec = c.n_dec_layer or c.n_layer
         if not -n_dec <= c.alignment_layer < n_dec:
-            raise UserError(f"model.alignment_layer={c.alignment_layer}, but the decoder has {n_dec} layers: give one "
-                            f"of -{n_dec}..{n_dec - 1} (-1, the last, is the default).")
+            raise SettingError(f"alignment_layer={c.alignment_layer}, but the decoder has {n_dec} layers: give one "
+                               f"of -{n_dec}..{n_dec - 1} (-1, the last, is the default).")
         if c.alignment_head is not None and not 0 <= c.alignment_head < c.n_head:
-            raise UserError(f"model.alignment_head={c.alignment_head}, but there are {c.n_head} heads: give one of "
-                            f"0..{c.n_head - 1}, or null for their mean.")
+            raise SettingError(f"alignment_head={c.alignment_head}, but there are {c.n_head} heads: give one of "
+                               f"0..{c.n_head - 1}, or null for their mean.")
         if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
-            raise UserError(
-                f"model.share_embeddings=true needs one vocabulary for both languages, but the source has "
-                f"{c.src_vocab_size} tokens and the target {c.tgt_vocab_size}. Use a joint tokenizer "
-                "(data.joint_vocab=true) or model.share_embeddings=false."
+            raise SettingError(
+                f"share_embeddings=true needs one vocabulary for both languages, but the source has "
+                f"{c.src_vocab_size} tokens and the target {c.tgt_vocab_size}. Use a joint vocabulary (data.joint_vocab"
+                "=true in a run) or share_embeddings=false."
             )
         emb = dict(n_embd=c.n_embd, max_len=c.max_len, positional=c.positional, n_head=c.n_head,
                    dropout=c.dropout, scale=math.sqrt(c.n_embd))
