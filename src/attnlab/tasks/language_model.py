@@ -68,9 +68,8 @@ class _LanguageModel(BaseTask):
         if meta.get(self.length_key) is not None:
             check_length(int(meta[self.length_key]), self.max_positions, f"model.{self.length_key}")
         data_tokenizer = dm.model_extras().get("tokenizer") if hasattr(dm, "model_extras") else None
-        if self.tokenizer_json is None:
-            self.tokenizer_json = data_tokenizer
-        elif data_tokenizer is not None and not same_vocabulary(self.tokenizer, tokenizer_from_json(data_tokenizer)):
+        if self.tokenizer_json is not None and data_tokenizer is not None and not same_vocabulary(
+                self.tokenizer, tokenizer_from_json(data_tokenizer)):
             raise UserError(
                 "the data was tokenized with another vocabulary than the model's: the checkpoint's tokenizer was "
                 "learned on its own training corpus, and these files (or tokenizer settings) gave a different one, "

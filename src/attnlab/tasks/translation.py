@@ -86,9 +86,6 @@ class Translator(BaseTask):
             raise UserError(f"data.max_length={dm.max_length} is longer than the model's positional table "
                             f"(model.max_len={max_len}). Set data.max_length<={max_len} (longer sentences are "
                             f"truncated) or model.max_len>={dm.max_length}.")
-        if not all(self.tokenizer_json) and hasattr(dm, "model_extras"):
-            extras = dm.model_extras()
-            self.tokenizer_json, self._tokenizers = (extras.get("src_tokenizer"), extras.get("tgt_tokenizer")), None
 
     # ---- training
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
