@@ -36,7 +36,7 @@ def test_every_packaged_config_passes_the_checks(overrides, tmp_path):
     # a network config's field, reached through the task's **kwargs
     (["model=gpt_char", "data=tinyshakespeare", "+model.n_layers=3"], r"model.n_layers .*Did you mean n_layer\?"),
     # the wrong type, against the constructor's hints (a library's too)
-    (["trainer.max_epochs=abc"], r"trainer.max_epochs='abc' is refused: .*valid integer.*\(expected int or None\)"),
+    (["trainer.max_epochs=abc"], r"trainer.max_epochs='abc' is refused: .*valid integer.*\(expected int >= -1 or None\)"),
     # through an interpolation: the key the user set is named
     (["seed=abc"], r"seed \(as data.seed\)='abc' is refused"),
     # a range declared on the parameter
@@ -53,6 +53,8 @@ def test_every_packaged_config_passes_the_checks(overrides, tmp_path):
      r"model.decode.beam_size=0 is refused: input should be greater than or equal to 1 \(expected int >= 1 or None\)"),
     (["experiment=mt_transformer", "+model.decode.beam_sise=3"],
      r"model.decode.beam_sise is not one of its settings \(beam_size, .*\). Did you mean beam_size"),
+    # a library's constructor without declared ranges: attnlab declares them where it builds it (TrainerRanges)
+    (["trainer.accumulate_grad_batches=0"], r"trainer.accumulate_grad_batches=0 is refused: .*\(expected int >= 1\)"),
     # Literal choices, listed
     (["model=gpt_char", "data=tinyshakespeare", "model.positional=alibii"],
      r"model.positional='alibii' is refused: not one of the accepted values \(expected one of 'learned', "

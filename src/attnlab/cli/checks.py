@@ -18,12 +18,13 @@ import typing
 from typing import Any
 
 import typing_extensions
+from annotated_types import Ge, Interval
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.config import PLATFORM_KEYS, named_parameters
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings
-from attnlab.types import MultipleOf, PositiveInt
+from attnlab.types import MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveInt, UnitInterval
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
@@ -34,7 +35,7 @@ _BASES = ("lightning.", "torch.nn.modules.module")  # bases whose **kwargs end t
 class RunSettings:
     """The entry configs' own top-level keys (train.yaml, eval.yaml), checked like a constructor's."""
 
-    seed: int = 42
+    seed: typing.Annotated[int, Interval(ge=0, le=2**32 - 1)] = 42  # numpy's seed range
     train: bool = True
     test: bool = True
     resume: bool = True
@@ -43,6 +44,33 @@ class RunSettings:
     optimized_metric: str | None = None
     split: typing.Literal["test", "val"] = "test"
     decode: DecodeSettings | None = None
+
+
+class TrainerRanges(typing_extensions.TypedDict, total=False):
+    """Ranges of Lightning Trainer arguments that its signature does not declare (attnlab builds the Trainer from
+    trainer.*): checked on top of the Trainer's own type hints."""
+
+    devices: PositiveInt | typing.Literal[-1] | str | list[NonNegativeInt]
+    num_nodes: PositiveInt
+    max_epochs: typing.Annotated[int, Ge(-1)] | None
+    min_epochs: NonNegativeInt | None
+    max_steps: typing.Annotated[int, Ge(-1)]
+    min_steps: NonNegativeInt | None
+    accumulate_grad_batches: PositiveInt
+    gradient_clip_val: NonNegativeFloat | None
+    log_every_n_steps: PositiveInt | None
+    val_check_interval: PositiveInt | typing.Annotated[float, Interval(gt=0, le=1)] | None
+    check_val_every_n_epoch: PositiveInt | None
+    num_sanity_val_steps: typing.Annotated[int, Ge(-1)] | None
+    limit_train_batches: NonNegativeInt | UnitInterval | None
+    limit_val_batches: NonNegativeInt | UnitInterval | None
+    limit_test_batches: NonNegativeInt | UnitInterval | None
+    limit_predict_batches: NonNegativeInt | UnitInterval | None
+
+
+# extra hints for constructors attnlab does not own, by `_target_`
+EXTRA_HINTS = {"lightning.pytorch.Trainer": TrainerRanges, "lightning.Trainer": TrainerRanges,
+               "pytorch_lightning.Trainer": TrainerRanges}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -140,6 +168,8 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
         params, hints, open_ended = _signature(fn, settings)
     except (TypeError, ValueError):
         return []
+    if target in EXTRA_HINTS:
+        hints = hints | typing.get_type_hints(EXTRA_HINTS[target], include_extras=True)
     platform = set(PLATFORM_KEYS.get(group, {})) if path == group else set()
     taken = named_parameters(fn) if inspect.isclass(fn) else set(params)
     problems = []

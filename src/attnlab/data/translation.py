@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from attnlab.data.parallel_sets import BucketBatchSampler, PadCollator, Parallel
 from attnlab.data.parallel_text import clean_text, hub_pairs, multi30k_files, read_pair, read_tsv
 from attnlab.data.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
+from attnlab.types import PositiveInt
 
 log = logging.getLogger("attnlab")
 
@@ -51,9 +52,10 @@ class TranslationDataModule(BaseDataModule):
     def __init__(self, kind: str = "parallel", name: str = "parallel", source: str = "files",
                  src_lang: str = "de", tgt_lang: str = "en", data_dir: str = "data",
                  train: Any = None, val: Any = None, test: Any = None, hub: dict | None = None,
-                 download: bool = True, joint_vocab: bool = True, vocab_size: int = 8000, min_frequency: int = 2,
-                 lowercase: bool = False, normalize: str | None = None, max_length: int = 128,
-                 max_tokens: int | None = None,
+                 download: bool = True, joint_vocab: bool = True, vocab_size: PositiveInt = 8000,
+                 min_frequency: PositiveInt = 2, lowercase: bool = False,
+                 normalize: Literal["NFC", "NFD", "NFKC", "NFKD"] | None = None, max_length: PositiveInt = 128,
+                 max_tokens: PositiveInt | None = None,
                  cache_dir: str = ".cache", src_vocab_size: int | None = None, tgt_vocab_size: int | None = None,
                  pad_id: int | None = None, bos_id: int | None = None, eos_id: int | None = None,
                  **base: Any):

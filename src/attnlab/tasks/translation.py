@@ -22,6 +22,7 @@ from attnlab.data.translation import tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings, decode, greedy
 from attnlab.tasks.base import BaseTask
+from attnlab.types import Fraction, NonNegativeFloat, NonNegativeInt
 from attnlab.utils.media import log_images, log_table
 
 log = logging.getLogger("attnlab")
@@ -45,8 +46,8 @@ class Translator(BaseTask):
         return get_class(settings["net"]).config_class if settings.get("net") else None
 
     def __init__(self, net: str, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0, bos_id: int = 2,
-                 eos_id: int = 3, label_smoothing: float = 0.1, decode: DecodeSettings | None = None, num_alignments: int = 4,
-                 num_samples: int = 8, grad_clip: float = 1.0, src_tokenizer: str | None = None,
+                 eos_id: int = 3, label_smoothing: Fraction = 0.1, decode: DecodeSettings | None = None,
+                 num_alignments: NonNegativeInt = 4, num_samples: NonNegativeInt = 8, grad_clip: NonNegativeFloat = 1.0, src_tokenizer: str | None = None,
                  tgt_tokenizer: str | None = None, **kwargs: Any):
         net_cls = get_class(net)
         net_cfg, base = net_cls.config_class.split(kwargs | {"src_vocab_size": src_vocab_size,
