@@ -13,6 +13,7 @@ import torch
 
 from attnlab.cli.training import train
 from attnlab.data.parallel_sets import BucketBatchSampler
+from attnlab.data.parallel_text import read_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import beam_search, greedy
 from attnlab.nn.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig
@@ -404,5 +405,7 @@ def test_bad_alignment_settings_and_non_utf8_files_are_user_errors(tmp_path):
     (tmp_path / "a.de").write_bytes("ein Fuß\n".encode("latin1"))
     (tmp_path / "a.en").write_text("a foot\n", encoding="utf-8")
     cfg = _parallel(tmp_path, f"[{tmp_path / 'a.de'},{tmp_path / 'a.en'}]")
-    with pytest.raises(UserError, match=r"a.de is not UTF-8 text .*iconv -f latin1 -t utf-8"):
+    with pytest.raises(UserError, match=r"a.de is not utf-8 text .*data.encoding=latin-1 .*iconv -f latin1 -t utf-8"):
         train(cfg)
+    de, _ = read_pair(tmp_path / "a.de", tmp_path / "a.en", "", encoding="latin-1")
+    assert de == ["ein Fu\u00df"]

@@ -24,14 +24,15 @@ def clean_text(text: str, lowercase: bool = False, normalize: str | None = None)
     return text.lower() if lowercase else text
 
 
-def _read_lines(path: Path) -> list[str]:
+def _read_lines(path: Path, encoding: str = "utf-8") -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        with opener(path, "rt", encoding=encoding) as f:
             return [line.rstrip("\r\n") for line in f]
     except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): convert it, e.g. "
-                        f"`iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`.") from None
+        raise UserError(f"{path} is not {encoding} text ({e.reason} at byte {e.start}; data.encoding={encoding}). "
+                        "Give the encoding it was written in, e.g. data.encoding=latin-1 (or cp1252, utf-16), or "
+                        f"convert it: `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`.") from None
     except (gzip.BadGzipFile, EOFError) as e:
         raise UserError(f"{path} is not a complete gzip file ({e}): download it again, or give it uncompressed "
                         "without the .gz suffix.") from None
@@ -42,11 +43,11 @@ def _check_exists(path: Path, hint: str) -> None:
         raise UserError(f"parallel text file {path} does not exist. {hint}")
 
 
-def read_pair(src_path: Path, tgt_path: Path, hint: str) -> tuple[list[str], list[str]]:
+def read_pair(src_path: Path, tgt_path: Path, hint: str, encoding: str = "utf-8") -> tuple[list[str], list[str]]:
     """The sentences of two line-aligned files; empty pairs are left out (with a warning)."""
     for p in (src_path, tgt_path):
         _check_exists(p, hint)
-    src, tgt = _read_lines(src_path), _read_lines(tgt_path)
+    src, tgt = _read_lines(src_path, encoding), _read_lines(tgt_path, encoding)
     if len(src) != len(tgt):
         raise UserError(
             f"{src_path} has {len(src):,} lines but {tgt_path} has {len(tgt):,}: line i of one must be the "
@@ -55,10 +56,10 @@ def read_pair(src_path: Path, tgt_path: Path, hint: str) -> tuple[list[str], lis
     return drop_empty(src, tgt, f"{src_path} / {tgt_path}")
 
 
-def read_tsv(path: Path, hint: str) -> tuple[list[str], list[str]]:
+def read_tsv(path: Path, hint: str, encoding: str = "utf-8") -> tuple[list[str], list[str]]:
     _check_exists(path, hint)
     src, tgt = [], []
-    for n, line in enumerate(_read_lines(path), 1):
+    for n, line in enumerate(_read_lines(path, encoding), 1):
         cols = line.split("\t")
         if len(cols) < 2 and line.strip():
             raise UserError(f"{path}, line {n}: a TSV line needs the source and the target separated by a tab "

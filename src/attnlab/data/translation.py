@@ -25,7 +25,7 @@ from attnlab.data.parallel_sets import BucketBatchSampler, PadCollator, Parallel
 from attnlab.data.parallel_text import clean_text, hub_pairs, multi30k_files, read_pair, read_tsv
 from attnlab.data.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
-from attnlab.types import PositiveInt
+from attnlab.types import Encoding, PositiveInt
 
 log = logging.getLogger("attnlab")
 
@@ -55,11 +55,12 @@ class TranslationDataModule(BaseDataModule):
                  download: bool = True, joint_vocab: bool = True, vocab_size: PositiveInt = 8000,
                  min_frequency: PositiveInt = 2, lowercase: bool = False,
                  normalize: Literal["NFC", "NFD", "NFKC", "NFKD"] | None = None, max_length: PositiveInt = 128,
-                 max_tokens: PositiveInt | None = None,
+                 max_tokens: PositiveInt | None = None, encoding: Encoding = "utf-8",
                  cache_dir: str = ".cache", src_vocab_size: int | None = None, tgt_vocab_size: int | None = None,
                  pad_id: int | None = None, bos_id: int | None = None, eos_id: int | None = None,
                  **base: Any):
         super().__init__(kind=kind, **base)
+        self.encoding = encoding
         if src_lang == tgt_lang:
             raise UserError(f"data.src_lang and data.tgt_lang are both '{src_lang}': translation needs two "
                             "languages, e.g. data.src_lang=de data.tgt_lang=en.")
@@ -123,9 +124,10 @@ class TranslationDataModule(BaseDataModule):
                 if not spec:
                     raise UserError(f"data.{split} is not set: name the {split} files. " + self._hint())
             if isinstance(spec, str):
-                src, tgt = read_tsv(Path(spec).expanduser(), self._hint())
+                src, tgt = read_tsv(Path(spec).expanduser(), self._hint(), self.encoding)
             elif len(spec) == 2:
-                src, tgt = read_pair(Path(spec[0]).expanduser(), Path(spec[1]).expanduser(), self._hint())
+                src, tgt = read_pair(Path(spec[0]).expanduser(), Path(spec[1]).expanduser(), self._hint(),
+                                     self.encoding)
             else:
                 raise UserError(f"data.{split}={spec}: give [source_file, target_file] or one .tsv file.")
         return [clean_text(t, self.lowercase, self.normalize) for t in src], \
@@ -151,6 +153,8 @@ class TranslationDataModule(BaseDataModule):
         train_src, train_tgt = self.texts["train"]
         corpus = {"source": self.source, "train": self._identity("train"), "langs": [self.src_lang, self.tgt_lang],
                   "lowercase": self.lowercase, "normalize": self.normalize}
+        if self.encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            corpus["encoding"] = self.encoding  # the text read, so the vocabulary and token cache, depend on it
         settings = dict(cache_dir=self.cache_dir, vocab_size=self.vocab_size, specials=SPECIALS,
                         min_frequency=self.min_frequency)
         if self.joint_vocab:
