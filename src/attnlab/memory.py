@@ -59,26 +59,28 @@ class MemoryEstimate:
 
 
 # ---- what the machine has
+def _peak_rss() -> int:
+    """This process's own ru_maxrss in bytes (kB on Linux, bytes on macOS)."""
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if os.uname().sysname == "Darwin" else rss * 1024
+
+
 def process_rss() -> int:
-    """Resident memory of this process now (bytes)."""
+    """Resident memory of this process now (bytes); without /proc (macOS) the peak so far stands in for it."""
     try:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
-        import resource  # no /proc (macOS): the peak so far stands in for the current size
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return rss if os.uname().sysname == "Darwin" else rss * 1024
+        return _peak_rss()
 
 
 def peak_memory(device: torch.device) -> tuple[str, int]:
     """("GPU", max_memory_allocated) on a GPU; ("CPU", this process's own ru_maxrss) otherwise, in bytes."""
     if device.type == "cuda":
         return "GPU", torch.cuda.max_memory_allocated(device)
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return "CPU", rss if os.uname().sysname == "Darwin" else rss * 1024
+    return "CPU", _peak_rss()
 
 
 def mem_available() -> int | None:
