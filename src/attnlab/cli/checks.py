@@ -110,7 +110,7 @@ def _target(target: str):
 
 def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:
     """(parameters by name, their type hints, whether unknown keywords are accepted). A class's own parameters, those
-    of the network config its **kwargs fill (a task's `net_config`), and those of the bases the rest reach."""
+    of the network its **kwargs fill (a task's `net_settings`: the network `model.net` names), and those of the bases the rest reach."""
     if not inspect.isclass(fn):
         sig = inspect.signature(fn)
         return dict(sig.parameters), _hints(fn), any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
@@ -125,8 +125,8 @@ def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[s
                 hints[name] = init_hints.get(name, inspect.Parameter.empty)
         return sig
 
-    net_config = getattr(fn, "net_config", None)
-    config_cls = net_config(settings) if callable(net_config) else None
+    net_settings = getattr(fn, "net_settings", None)
+    network = net_settings(settings) if callable(net_settings) else {}
     for klass in inspect.getmro(fn):
         init = klass.__dict__.get("__init__")
         if init is None or klass is object:
@@ -135,12 +135,10 @@ def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[s
             sig = add(init)
         except (TypeError, ValueError):
             return params, hints, True
-        if config_cls is not None and klass is fn:  # a dataclass: its fields' hints, each in its own module
-            class_hints = _hints(config_cls)
-            for f in dataclasses.fields(config_cls):
-                if f.init and f.name not in params:
-                    params[f.name] = inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY)
-                    hints[f.name] = class_hints.get(f.name, inspect.Parameter.empty)
+        if klass is fn:  # the settings of the network model.net names
+            for name, (p, hint) in network.items():
+                if name not in params:
+                    params[name], hints[name] = p.replace(kind=inspect.Parameter.KEYWORD_ONLY), hint
         if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
             return params, hints, False
         if klass.__module__.startswith(_BASES) or not klass.__module__.startswith("attnlab"):

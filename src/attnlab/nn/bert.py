@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.embeddings import TokenPositionEmbedding
+from attnlab.nn.registry import register_network
 from attnlab.nn.gpt import check_length
 from attnlab.types import Fraction, MultipleOf, PositiveInt
 from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
@@ -26,6 +27,7 @@ class BertConfig(StackConfig):
     norm_position: Literal["pre", "post"] = "post"  # post (BERT) | pre
 
 
+@register_network("bert", config=BertConfig)
 class BertMLM(StackAccounting, nn.Module):
     """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size)."""
 

@@ -1,5 +1,5 @@
-"""Networks built from the `model.*` settings: timm classifiers (or a user's own nn.Module by dotted path), and
-segmentation networks (attnlab's U-Net, or an smp head over a timm backbone). This is where configuration meets
+"""The networks attnlab takes from libraries: `timm` (any timm classifier, or a user's own nn.Module by dotted
+path) and `encoder_decoder` (a segmentation head of segmentation-models-pytorch over a timm backbone). This is where configuration meets
 `nn/`: its errors name the settings to change; the networks themselves know nothing of the command line."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from torch import nn
 
 import attnlab.nn.timm_compact  # noqa: F401  (registers vit_compact with timm)
 from attnlab.errors import UserError
+from attnlab.nn.registry import register_network
 from attnlab.nn.unet import UNet
+from attnlab.types import Fraction, PositiveInt
 
 
 def check_timm_name(backbone: str, alternative: str = "") -> None:
@@ -39,6 +41,18 @@ def with_img_size(create: Callable, img_size: int | None, name: str, **args) -> 
 def weights_error(backbone: str, e: Exception) -> UserError:
     return UserError(f"could not load pretrained weights for '{backbone}' ({e}). Weights come from the Hugging Face "
                      "hub: go online once (they are cached in ~/.cache/huggingface), or set model.pretrained=false.")
+
+
+@register_network("timm")
+def timm_classifier(backbone: str = "vit_compact", num_classes: PositiveInt = 10, in_chans: PositiveInt = 3,
+                    img_size: PositiveInt | None = 224, pretrained: bool = False, backbone_kwargs: dict | None = None,
+                    drop_path_rate: Fraction = 0.0) -> torch.nn.Module:
+    """Any timm model by name (`backbone`), with `num_classes` outputs; or the user's own nn.Module class or
+    factory by dotted path (`backbone=mypkg.nets.TinyCNN`)."""
+    kwargs = dict(backbone_kwargs or {})
+    if drop_path_rate:
+        kwargs["drop_path_rate"] = drop_path_rate
+    return create_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
 
 
 def create_backbone(backbone: str, num_classes: int, in_chans: int, img_size: int | None, pretrained: bool,
@@ -119,16 +133,13 @@ def _check_small_input(net: torch.nn.Module, backbone: str, in_chans: int, img_s
         net.train()
 
 
-def create_segmenter(arch: str, num_classes: int, in_chans: int, img_size: int, *, base_channels: int = 64,
-                  depth: int = 4, batch_norm: bool = True, dropout: float = 0.0, backbone: str = "resnet18",
-                  head: str = "upernet", pretrained: bool = False, backbone_kwargs: dict | None = None,
-                  head_kwargs: dict | None = None) -> tuple[nn.Module, bool, int]:
-    """-> (network, takes only img_size x img_size inputs, side multiple the input needs)."""
-    if arch == "unet":
-        return UNet(in_chans, num_classes, base_channels, depth, batch_norm, dropout), False, 1
-    if arch != "encoder_decoder":
-        raise UserError(f"model.arch={arch} is not known: use unet (model=unet) or encoder_decoder "
-                        "(model=segmentation, a timm backbone under model.head).")
+@register_network("encoder_decoder")
+def encoder_decoder(backbone: str = "resnet18", head: str = "upernet", num_classes: PositiveInt = 2,
+                    in_chans: PositiveInt = 3, img_size: PositiveInt = 256, pretrained: bool = False,
+                    backbone_kwargs: dict | None = None, head_kwargs: dict | None = None) -> nn.Module:
+    """A timm backbone under a segmentation head of segmentation-models-pytorch (upernet, fpn, unet, ...). The
+    network carries `input_multiple` (the side its input needs a multiple of) and `fixed_input_size` (whether it
+    takes only img_size x img_size inputs, as Swin does)."""
     import segmentation_models_pytorch as smp
 
     heads = sorted(smp.MODEL_ARCHITECTURES_MAPPING)
@@ -140,7 +151,8 @@ def create_segmenter(arch: str, num_classes: int, in_chans: int, img_size: int, 
                 in_channels=in_chans, classes=num_classes, **(head_kwargs or {}), **(backbone_kwargs or {}))
     try:  # transformers (Swin) are built for one input size; convnets take any
         net, fixed = with_img_size(smp.create_model, img_size, head, **args)
-        return net, fixed, 32
+        net.input_multiple, net.fixed_input_size = 32, fixed
+        return net
     except ValueError as e:
         if "downsampling pattern" in str(e):
             raise UserError(f"model.backbone={backbone} gives no feature pyramid for a segmentation head (plain ViTs "
@@ -154,3 +166,15 @@ def create_segmenter(arch: str, num_classes: int, in_chans: int, img_size: int, 
         if pretrained:
             raise weights_error(backbone, e) from e
         raise
+
+
+@register_network("unet")
+def unet(num_classes: PositiveInt = 2, in_chans: PositiveInt = 3, img_size: PositiveInt | None = None,
+         base_channels: PositiveInt = 64, depth: PositiveInt = 4, batch_norm: bool = True,
+         dropout: Fraction = 0.0) -> UNet:
+    """attnlab's U-Net (nn/unet.py) for `in_chans`-channel crops of `img_size` px."""
+    if img_size is not None and img_size < 2**depth:
+        raise UserError(f"data.image_size={img_size}: a U-Net of model.depth={depth} halves its input {depth} "
+                        f"times and needs crops of at least {2**depth} px; raise data.image_size or lower "
+                        "model.depth.")
+    return UNet(in_chans, num_classes, base_channels, depth, batch_norm, dropout)

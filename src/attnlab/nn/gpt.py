@@ -13,6 +13,7 @@ from torch import nn
 from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
+from attnlab.nn.registry import register_network
 from attnlab.types import PositiveInt
 from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
 
@@ -42,6 +43,7 @@ def check_length(T: int, block_size: int, what: str = "model.block_size") -> Non
         )
 
 
+@register_network("gpt", config=GPTConfig)
 class GPT(StackAccounting, nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()

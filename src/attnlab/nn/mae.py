@@ -12,12 +12,17 @@ into a timm ViT for fine-tuning (attnlab.transfer.mae_vit.load_mae_encoder).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
+from annotated_types import Interval
 from timm.layers import LayerNorm, PatchEmbed
 from timm.models.vision_transformer import Block
 from torch import nn
 
 from attnlab.errors import SettingError
+from attnlab.nn.registry import register_network
+from attnlab.types import MultipleOf, PositiveFloat, PositiveInt
 
 # embed_dim, depth, num_heads of ViT-Ti/S/B/L/H (timm's vit_{tiny,small,base,large,huge}_patch*)
 SIZES = {
@@ -215,11 +220,17 @@ def _divisor_near(n: int, p: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - p))
 
 
-def mae_vit(size: str = "base", embed_dim: int | None = None, depth: int | None = None,
-            num_heads: int | None = None, **kwargs) -> MaskedAutoencoderViT:
+@register_network("mae_vit")
+def mae_vit(size: str = "base", embed_dim: PositiveInt | None = None, depth: PositiveInt | None = None,
+            num_heads: PositiveInt | None = None, img_size: Annotated[PositiveInt, MultipleOf("patch_size")] = 224,
+            patch_size: PositiveInt = 16, in_chans: PositiveInt = 3, mlp_ratio: PositiveFloat = 4.0,
+            decoder_dim: PositiveInt = 512, decoder_depth: PositiveInt = 8, decoder_heads: PositiveInt = 16,
+            mask_ratio: Annotated[float, Interval(gt=0, lt=1)] = 0.75,
+            norm_pix_loss: bool = True) -> MaskedAutoencoderViT:
     """An MAE whose encoder is ViT-<size>, or any width/depth/heads given explicitly (these win over size)."""
     if size not in SIZES:
         raise SettingError(f"size={size} is not a ViT size: use one of {', '.join(SIZES)} (or set embed_dim, depth "
                            "and num_heads directly).")
     d, n, h = SIZES[size]
-    return MaskedAutoencoderViT(embed_dim=embed_dim or d, depth=depth or n, num_heads=num_heads or h, **kwargs)
+    return MaskedAutoencoderViT(img_size, patch_size, in_chans, embed_dim or d, depth or n, num_heads or h, mlp_ratio,
+                                decoder_dim, decoder_depth, decoder_heads, mask_ratio, norm_pix_loss)

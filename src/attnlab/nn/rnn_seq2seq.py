@@ -15,6 +15,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.errors import SettingError
 from attnlab.nn.layers import ConfigSplit
+from attnlab.nn.registry import register_network
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
 ATTENTIONS = ("none", "bahdanau", "luong")
@@ -59,8 +60,8 @@ class Attention(nn.Module):
         return (weights[:, None] @ values).squeeze(1), weights                        # (B, He), (B, S)
 
 
+@register_network("rnn_seq2seq", config=RNNSeq2SeqConfig)
 class RNNSeq2Seq(nn.Module):
-    config_class = RNNSeq2SeqConfig
 
     def __init__(self, config: RNNSeq2SeqConfig):
         super().__init__()

@@ -19,6 +19,7 @@ from torch import nn
 from attnlab.errors import SettingError, UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
+from attnlab.nn.registry import register_network
 from attnlab.nn.layers import Block, ConfigSplit, check_choices, make_norm
 from attnlab.types import Fraction, MultipleOf, NonNegativeInt, PositiveInt
 
@@ -46,8 +47,8 @@ class TransformerSeq2SeqConfig(ConfigSplit):
     alignment_head: int | None = None  # one head, or None for the mean over heads
 
 
+@register_network("transformer_seq2seq", config=TransformerSeq2SeqConfig)
 class TransformerSeq2Seq(nn.Module):
-    config_class = TransformerSeq2SeqConfig
 
     def __init__(self, config: TransformerSeq2SeqConfig):
         super().__init__()

@@ -49,6 +49,8 @@ class UNet(nn.Module):
     (B, in_channels, H, W) -> (B, num_classes, H, W) logits, for any H, W >= 2**depth.
     """
 
+    input_multiple, fixed_input_size = 1, False  # any input size (see nn/factory.encoder_decoder)
+
     def __init__(self, in_channels: int = 1, num_classes: int = 2, base_channels: int = 64, depth: int = 4,
                  batch_norm: bool = True, dropout: float = 0.0):
         super().__init__()
@@ -71,3 +73,4 @@ class UNet(nn.Module):
         for block in self.up:
             x = block(x, skips.pop())  # back up one level: (B, C_level, H_level, W_level)
         return self.head(x)  # (B, num_classes, H, W)
+

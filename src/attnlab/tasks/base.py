@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from attnlab.compat import logs_this_step
 from attnlab.errors import UserError
+from attnlab.nn.registry import network_settings
 from attnlab.optim.param_groups import param_groups
 
 log = logging.getLogger("attnlab")
@@ -147,10 +149,13 @@ class BaseTask(L.LightningModule):
 
     # ---- hooks the platform uses
     @classmethod
-    def net_config(cls, settings: dict) -> type | None:
-        """The network's config dataclass, when the task's **kwargs are the network's settings (GPTConfig for
-        CausalLM): the config checks take its fields as the task's."""
-        return None
+    def net_settings(cls, settings: dict) -> dict[str, tuple[inspect.Parameter, Any]]:
+        """The settings of the network `model.net` names (attnlab.nn.registry), which the task's **kwargs carry to
+        it: the config checks take them as the task's. Empty for a task without a `net` parameter."""
+        param = inspect.signature(cls.__init__).parameters.get("net")
+        if param is None:
+            return {}
+        return network_settings(settings.get("net") or param.default)
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for `perf/mfu`; None when unknown."""

@@ -11,7 +11,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.errors import UserError
-from attnlab.nn.factory import create_backbone
+from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import log_table, samples_wanted, to_display
 from attnlab.types import Fraction
@@ -29,26 +29,25 @@ class ImageClassifier(BaseTask):
 
     def __init__(
         self,
-        backbone: str = "vit_compact",
+        net: str = "timm",
         num_classes: int = 10,
         img_size: int | None = 224,
         in_chans: int = 3,
-        pretrained: bool = False,
-        backbone_kwargs: dict | None = None,
-        drop_path_rate: Fraction = 0.0,
         label_smoothing: Fraction = 0.0,
         mixup: dict | None = None,
         class_names: list[str] | None = None,
         init_from: str | None = None,
         freeze_backbone: bool = False,
-        **base: Any,
+        **settings: Any,
     ):
+        """`net`: the network (`timm`: any timm model named by `backbone`); its settings are the other keywords it
+        takes (`backbone`, `pretrained`, `backbone_kwargs`, `drop_path_rate`)."""
+        network, base = create_network(net, settings | dict(num_classes=num_classes, img_size=img_size,
+                                                             in_chans=in_chans))
         super().__init__(**({"monitor": "val/acc", "monitor_mode": "max"} | base))
         self.save_hyperparameters()
-        kwargs = dict(backbone_kwargs or {})
-        if drop_path_rate:
-            kwargs["drop_path_rate"] = drop_path_rate
-        self.net = create_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
+        self.net = network
+        self.backbone_name = backbone = str(settings.get("backbone", net))
         if init_from:  # a non-ViT is refused here, before the data; the weights are loaded in setup()
             from attnlab.transfer.mae_vit import require_vit
 
@@ -79,7 +78,7 @@ class ImageClassifier(BaseTask):
         if self.hparams.init_from and not getattr(self, "_resumed", False):
             from attnlab.transfer.mae_vit import load_mae_encoder
 
-            load_mae_encoder(self.net, self.hparams.init_from, self.hparams.backbone)
+            load_mae_encoder(self.net, self.hparams.init_from, self.backbone_name)
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -17,8 +17,8 @@ from torchmetrics import MeanMetric
 
 from attnlab.data.tokenizers import TextTokenizer, tokenizer_from_json
 from attnlab.errors import UserError
-from attnlab.nn.bert import BertConfig, BertMLM
-from attnlab.nn.gpt import GPT, GPTConfig, check_length
+from attnlab.nn.gpt import check_length
+from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import log_table
 
@@ -119,25 +119,22 @@ class _LanguageModel(BaseTask):
 
 
 class CausalLM(_LanguageModel):
-    """GPT next-token prediction. Network settings are GPTConfig's (n_layer, n_head, n_embd, positional, ...);
+    """GPT next-token prediction (`net`: gpt, or any registered decoder taking vocab_size and block_size). Network
+    settings are GPTConfig's (n_layer, n_head, n_embd, positional, ...);
     `num_samples` texts of `sample_tokens` tokens, started from `sample_prompt`, are logged at each validation."""
 
     objective = "causal"
     length_key = "block_size"
 
-    @classmethod
-    def net_config(cls, settings: dict) -> type:
-        return GPTConfig
-
-    def __init__(self, vocab_size: int, block_size: int = 256, objective: str = "causal",
+    def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt", objective: str = "causal",
                  tokenizer: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
                  sample_prompt: str | None = "\n", sample_temperature: float = 0.8, sample_top_k: int | None = 200,
-                 **kwargs: Any):
-        net_cfg, base = GPTConfig.split(kwargs | {"vocab_size": vocab_size, "block_size": block_size})
+                 **settings: Any):
+        network, base = create_network(net, settings | {"vocab_size": vocab_size, "block_size": block_size})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
-        self.net = GPT(net_cfg)
-        self.max_positions = net_cfg.block_size
+        self.net = network
+        self.max_positions = block_size
         self._init_common(tokenizer, objective)
         self._first_val_ids: torch.Tensor | None = None
 
@@ -208,17 +205,13 @@ class MaskedLM(_LanguageModel):
     objective = "masked"
     length_key = "max_length"
 
-    @classmethod
-    def net_config(cls, settings: dict) -> type:
-        return BertConfig
-
-    def __init__(self, vocab_size: int, max_length: int = 128, objective: str = "masked",
-                 tokenizer: str | None = None, num_samples: int = 2, **kwargs: Any):
-        net_cfg, base = BertConfig.split(kwargs | {"vocab_size": vocab_size, "max_length": max_length})
+    def __init__(self, vocab_size: int, max_length: int = 128, net: str = "bert", objective: str = "masked",
+                 tokenizer: str | None = None, num_samples: int = 2, **settings: Any):
+        network, base = create_network(net, settings | {"vocab_size": vocab_size, "max_length": max_length})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
-        self.net = BertMLM(net_cfg)
-        self.max_positions = net_cfg.max_length
+        self.net = network
+        self.max_positions = max_length
         self._init_common(tokenizer, objective)
         self._sample_batch: dict | None = None
 

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import torch
-from annotated_types import Interval
 from torchmetrics import MeanMetric
 
-from attnlab.nn.mae import mae_vit
+from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.types import MultipleOf, PositiveInt
 from attnlab.utils.media import denormalize, panel_grid, save_media
@@ -33,31 +32,21 @@ class MAEPretrainer(BaseTask):
 
     def __init__(
         self,
-        size: str = "base",
-        patch_size: PositiveInt = 16,
+        net: str = "mae_vit",
         img_size: Annotated[PositiveInt, MultipleOf("patch_size")] = 224,
-        in_chans: int = 3,
-        embed_dim: int | None = None,
-        depth: int | None = None,
-        num_heads: int | None = None,
-        mlp_ratio: float = 4.0,
-        decoder_dim: int = 512,
-        decoder_depth: int = 8,
-        decoder_heads: int = 16,
-        mask_ratio: Annotated[float, Interval(gt=0, lt=1)] = 0.75,
-        norm_pix_loss: bool = True,
+        in_chans: PositiveInt = 3,
         media_images: int = 8,
         mean: list[float] | None = None,
         std: list[float] | None = None,
         class_names: list[str] | None = None,  # given by image data; the labels are not used
-        **base: Any,
+        **settings: Any,
     ):
+        """`net`: the network (`mae_vit`: a ViT-`size` encoder and a light decoder); its settings are the other
+        keywords it takes (`size`, `patch_size`, `embed_dim`, `decoder_dim`, `mask_ratio`, `norm_pix_loss`, ...)."""
+        network, base = create_network(net, settings | {"img_size": img_size, "in_chans": in_chans})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["class_names"])
-        self.net = mae_vit(size, embed_dim, depth, num_heads, img_size=img_size, patch_size=patch_size,
-                           in_chans=in_chans, mlp_ratio=mlp_ratio, decoder_dim=decoder_dim,
-                           decoder_depth=decoder_depth, decoder_heads=decoder_heads, mask_ratio=mask_ratio,
-                           norm_pix_loss=norm_pix_loss)
+        self.net = network
         self.mean = list(mean or [0.5] * in_chans)
         self.std = list(std or [0.5] * in_chans)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from attnlab.errors import UserError
-from attnlab.nn.factory import create_segmenter
+from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.utils.media import denormalize, log_table, save_media
 from attnlab.utils.seg_media import overlay_grid
@@ -90,19 +90,10 @@ class Segmenter(BaseTask):
 
     def __init__(
         self,
-        arch: str = "unet",
+        net: str = "unet",
         num_classes: int = 2,
         in_chans: int = 3,
         img_size: int = 256,
-        base_channels: int = 64,
-        depth: int = 4,
-        batch_norm: bool = True,
-        dropout: float = 0.0,
-        backbone: str = "resnet18",
-        head: str = "upernet",
-        pretrained: bool = False,
-        backbone_kwargs: dict | None = None,
-        head_kwargs: dict | None = None,
         dice_weight: float = 0.0,
         ignore_index: int = 255,
         inference: str = "slide",
@@ -112,30 +103,31 @@ class Segmenter(BaseTask):
         palette: list[list[int]] | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
-        **base: Any,
+        arch: str | None = None,
+        **settings: Any,
     ):
+        """`net`: the network (`unet`, or `encoder_decoder`: a timm `backbone` under an smp `head`); its settings are
+        the other keywords it takes. `arch` is the name checkpoints written before `net` used."""
+        net = arch or net
+        network, base = create_network(net, settings | dict(num_classes=num_classes, in_chans=in_chans,
+                                                             img_size=img_size))
         super().__init__(**({"monitor": "val/miou", "monitor_mode": "max"} | base))
         self.save_hyperparameters()
+        self.net = network
         if inference not in ("slide", "whole"):
             raise UserError(f"model.inference={inference}: use slide (tiles of the training crop size) or whole.")
         if ignore_index != 255:
             raise UserError(f"model.ignore_index={ignore_index}: the data marks unlabeled pixels (and the padding of "
                             "crops) with 255, so that is the index the loss and metrics must ignore; map your own "
                             "unlabeled value to 255 with data.label_map instead.")
-        if arch == "unet" and img_size < 2**depth:
-            raise UserError(f"data.image_size={img_size}: a U-Net of model.depth={depth} halves its input {depth} "
-                            f"times and needs crops of at least {2**depth} px; raise data.image_size or lower "
-                            "model.depth.")
-        self.net, self.fixed_size, self.multiple = create_segmenter(
-            arch, num_classes, in_chans, img_size, base_channels=base_channels, depth=depth, batch_norm=batch_norm,
-            dropout=dropout, backbone=backbone, head=head, pretrained=pretrained, backbone_kwargs=backbone_kwargs,
-            head_kwargs=head_kwargs)
+        self.fixed_size = bool(getattr(self.net, "fixed_input_size", False))
+        self.multiple = int(getattr(self.net, "input_multiple", 1))
         if self.fixed_size and inference == "whole":
-            log.warning("model.inference=whole: model.backbone=%s takes only %d px inputs, so larger images are "
-                        "still evaluated in sliding windows", backbone, img_size)
+            log.warning("model.inference=whole: model.net=%s takes only %d px inputs, so larger images are still "
+                        "evaluated in sliding windows", net, img_size)
         if img_size % self.multiple:
-            raise UserError(f"data.image_size={img_size}: model.backbone={backbone} with model.head={head} needs crops "
-                            f"whose side is a multiple of {self.multiple}; set data.image_size="
+            raise UserError(f"data.image_size={img_size}: model.net={net} (model.backbone with model.head) needs "
+                            f"crops whose side is a multiple of {self.multiple}; set data.image_size="
                             f"{max(self.multiple, round(img_size / self.multiple) * self.multiple)}.")
         if dice_weight:
             from segmentation_models_pytorch.losses import DiceLoss

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import get_class
 from torchmetrics import MeanMetric
 
 from attnlab.data.translation import tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings, decode, greedy
+from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.types import Fraction, NonNegativeFloat, NonNegativeInt
 from attnlab.utils.media import log_images, log_table
@@ -33,28 +33,23 @@ DECODE_DEFAULTS = {"beam_size": 5, "val_beam_size": 1, "length_penalty": 1.0, "m
 
 class Translator(BaseTask):
     """Args:
-        net: the network class (attnlab.nn.transformer_seq2seq.TransformerSeq2Seq, attnlab.nn.rnn_seq2seq.RNNSeq2Seq);
-            the remaining keyword arguments its config takes go to it (n_layer, cell, attention, ...).
+        net: the network (transformer_seq2seq, rnn_seq2seq, or a class path; attnlab.nn.registry); the remaining
+            keyword arguments it takes go to it (n_layer, cell, attention, ...).
         label_smoothing: of the training loss.
         decode: {beam_size, val_beam_size, length_penalty, max_len, max_len_a, max_len_b}.
         num_alignments: fixed validation sentences whose alignments are drawn each validation (0: none).
         grad_clip: gradient norm clipping when trainer.gradient_clip_val is not set (0: none).
     """
 
-    @classmethod
-    def net_config(cls, settings: dict) -> type | None:
-        return get_class(settings["net"]).config_class if settings.get("net") else None
-
     def __init__(self, net: str, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0, bos_id: int = 2,
                  eos_id: int = 3, label_smoothing: Fraction = 0.1, decode: DecodeSettings | None = None,
                  num_alignments: NonNegativeInt = 4, num_samples: NonNegativeInt = 8, grad_clip: NonNegativeFloat = 1.0, src_tokenizer: str | None = None,
                  tgt_tokenizer: str | None = None, **kwargs: Any):
-        net_cls = get_class(net)
-        net_cfg, base = net_cls.config_class.split(kwargs | {"src_vocab_size": src_vocab_size,
-                                                    "tgt_vocab_size": tgt_vocab_size, "pad_id": pad_id})
+        network, base = create_network(net, kwargs | {"src_vocab_size": src_vocab_size,
+                                                      "tgt_vocab_size": tgt_vocab_size, "pad_id": pad_id})
         super().__init__(**({"monitor": "val/bleu", "monitor_mode": "max"} | base))
         self.save_hyperparameters(ignore=["src_tokenizer", "tgt_tokenizer"])
-        self.net = net_cls(net_cfg)
+        self.net = network
         self.decode_cfg = DECODE_DEFAULTS | dict(decode or {})
         self.tokenizer_json = (src_tokenizer, tgt_tokenizer)
         self._tokenizers = None

@@ -1,0 +1,124 @@
+"""One registry of attnlab's networks, next to timm's: every task names its network with `model.net` and the rest
+of its `model.*` settings that the network takes are the network's.
+
+    @register_network("gpt", config=GPTConfig)      # a class built from a settings dataclass
+    class GPT(nn.Module): ...
+
+    @register_network("unet")                       # or a function whose keyword parameters are the settings
+    def unet(num_classes: int, in_chans: int = 3, base_channels: int = 64, ...) -> nn.Module: ...
+
+`create_network(name, settings)` builds it from the settings it knows and hands the others back (the task's own);
+`network_settings(name)` gives the parameters and type hints the config checks validate `model.*` against. A name
+with a dot is the import path of a user's class or function (`model.net=mypkg.nets.MyNet`), used the same way.
+Every module of `attnlab.nn` is imported on the first lookup, so a new network file registers itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from attnlab.errors import UserError
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    name: str
+    build: Callable[..., nn.Module]
+    config: type | None = None  # a dataclass `build` takes as its one argument; None: build's keywords
+
+    def settings(self) -> dict[str, tuple[inspect.Parameter, Any]]:
+        """The network's settings: {name: (parameter, type hint)}."""
+        if self.config is not None:
+            hints = _hints(self.config)
+            return {f.name: (inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                               default=_field_default(f)), hints.get(f.name, inspect.Parameter.empty))
+                    for f in dataclasses.fields(self.config) if f.init}
+        target = self.build.__init__ if inspect.isclass(self.build) else self.build
+        hints = _hints(target)
+        return {n: (p, hints.get(n, inspect.Parameter.empty)) for n, p in inspect.signature(target).parameters.items()
+                if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    def create(self, settings: dict) -> tuple[nn.Module, dict]:
+        """(the network built from the settings it knows, the other settings)."""
+        known = self.settings()
+        mine = {k: v for k, v in settings.items() if k in known}
+        rest = {k: v for k, v in settings.items() if k not in known}
+        return (self.build(self.config(**mine)) if self.config is not None else self.build(**mine)), rest
+
+
+_NETWORKS: dict[str, NetworkSpec] = {}
+_loaded = False
+
+
+def register_network(name: str, config: type | None = None):
+    """Class or function decorator: the network `model.net=<name>` builds."""
+    def decorate(build):
+        _NETWORKS[name] = NetworkSpec(name, build, config)
+        return build
+    return decorate
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if not _loaded:
+        import attnlab.nn
+
+        for info in pkgutil.iter_modules(attnlab.nn.__path__):
+            importlib.import_module(f"attnlab.nn.{info.name}")
+        _loaded = True
+
+
+def list_networks() -> list[str]:
+    _load_builtin()
+    return sorted(_NETWORKS)
+
+
+def network_spec(name: str) -> NetworkSpec:
+    """The registered network, or a user's class (with a `config_class` dataclass, or keyword settings) or function
+    by import path."""
+    _load_builtin()
+    if name in _NETWORKS:
+        return _NETWORKS[name]
+    if "." in str(name):
+        from hydra.utils import get_object
+
+        try:
+            obj = get_object(name)
+        except Exception as e:
+            raise UserError(f"model.net={name} is neither one of attnlab's networks ({', '.join(list_networks())}) "
+                            f"nor an importable class or function ({e.__cause__ or e}). Check the dotted path; its "
+                            "package must be installed, on PYTHONPATH or in the working directory.") from e
+        known = next((s for s in _NETWORKS.values() if s.build is obj), None)
+        return known or NetworkSpec(name, obj, getattr(obj, "config_class", None))
+    raise UserError(f"model.net={name} is not one of attnlab's networks: use one of {', '.join(list_networks())}, "
+                    "or the import path of your own nn.Module class or function (model.net=mypkg.nets.MyNet).")
+
+
+def create_network(name: str, settings: dict) -> tuple[nn.Module, dict]:
+    return network_spec(name).create(settings)
+
+
+def network_settings(name: str) -> dict[str, tuple[inspect.Parameter, Any]]:
+    return network_spec(name).settings()
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty
+
+
+def _hints(obj) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(obj, include_extras=True)
+    except Exception:  # a hint that cannot be evaluated: that setting goes unchecked
+        return {}
