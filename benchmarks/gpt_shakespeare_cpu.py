@@ -60,7 +60,7 @@ def bare(steps: int, cache: str) -> None:
         while True:
             yield from dm.train_dataloader()
 
-    train_loop(steps, dm.meta["vocab_size"], train_batches(), lambda: dm.val_dataloader())
+    train_loop(steps, dm.info().vocab_size, train_batches(), lambda: dm.val_dataloader())
 
 
 def torch_only(steps: int) -> None:

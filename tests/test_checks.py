@@ -15,13 +15,13 @@ from attnlab.errors import UserError
 from conftest import FAST, compose_cfg, run_cli
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
-MODELS = {"gpt_char": "tinyshakespeare", "bert_small": "tinyshakespeare", "transformer_seq2seq_small": "multi30k",
+MODELS = {"gpt_char": "tinyshakespeare", "bert_small": "tinyshakespeare data.objective=masked", "transformer_seq2seq_small": "multi30k",
           "rnn_seq2seq": "multi30k", "unet": "membrane", "segmentation": "membrane", "mae": "digits",
           "swin": "digits", "resnet50": "digits"}
 
 
 @pytest.mark.parametrize("overrides", [[f"experiment={e}"] for e in EXPERIMENTS]
-                         + [[f"model={m}", f"data={d}"] for m, d in MODELS.items()], ids=str)
+                         + [[f"model={m}", *f"data={d}".split()] for m, d in MODELS.items()], ids=str)
 def test_every_packaged_config_passes_the_checks(overrides, tmp_path):
     cfg = compose_cfg(overrides, tmp_path)
     prepare(cfg)

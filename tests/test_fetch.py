@@ -172,7 +172,7 @@ def test_text_datasets_load_through_their_configs(fetched, tmp_path):
     dm = _datamodule(tmp_path, data_dir, ["data=tinyshakespeare", "model=gpt_char", "data.block_size=16",
                                           "data.batch_size=4"])
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (4, 16) and dm.meta["vocab_size"] > 20
+    assert x.shape == (4, 16) and dm.info().vocab_size > 20
     dm = _datamodule(tmp_path, data_dir, ["data=wikitext2", "model=gpt_char", "data.tokenizer=char",
                                           "data.block_size=16", "data.batch_size=4"])
     assert next(iter(dm.val_dataloader()))[0].shape[1] == 16

@@ -36,7 +36,7 @@ def test_char_split_is_nanogpt_s_and_windows_are_corpus_slices(tmp_path, small_d
     text = path.read_text()
     n_train = int(0.9 * len(text))  # nanoGPT's shakespeare_char: the first 90% of the characters train
     dm = _dm(tmp_path, name="tinyshakespeare", files=[str(path)], block_size=64)
-    assert dm.meta["vocab_size"] == 65  # the small corpus has Tiny Shakespeare's characters
+    assert dm.info().vocab_size == 65  # the small corpus has Tiny Shakespeare's characters
     assert len(dm.token_arrays["train"]) == n_train and len(dm.token_arrays["val"]) == len(text) - n_train
     assert dm.token_arrays["train"].array.dtype == np.uint16
     chars = sorted(set(text))
@@ -62,7 +62,7 @@ def test_char_split_is_nanogpt_s_and_windows_are_corpus_slices(tmp_path, small_d
 def test_tinyshakespeare_matches_nanogpt_split(tmp_path):
     dm = _dm(tmp_path, name="tinyshakespeare", files=[str(real_data("tinyshakespeare") / "input.txt")],
              block_size=64)
-    assert dm.meta["vocab_size"] == 65
+    assert dm.info().vocab_size == 65
     assert len(dm.token_arrays["train"]) == 1_003_854 and len(dm.token_arrays["val"]) == 111_540
 
 
@@ -70,7 +70,7 @@ def test_trained_tokenizer_is_cached_and_not_retrained(tmp_path, small_corpus, m
     path, _ = small_corpus
     kw = dict(files=[str(path)], tokenizer="bpe", tokenizer_vocab_size=400)
     dm = _dm(tmp_path, **kw)
-    assert 300 < dm.meta["vocab_size"] <= 400
+    assert 300 < dm.info().vocab_size <= 400
     cached = list((tmp_path / "cache" / "tokenizers").glob("bpe-*.json"))
     assert len(cached) == 1
 
@@ -102,7 +102,7 @@ def test_jsonl_and_parquet_records_and_a_missing_text_column(tmp_path, small_cor
     pq = tmp_path / "c.parquet"
     pd.DataFrame(records).to_parquet(pq)
     dm = _dm(tmp_path, files=[str(pq)], text_column="body")
-    assert dm.meta["vocab_size"] == len(set("".join(r["body"] + "\n" for r in records)))
+    assert dm.info().vocab_size == len(set("".join(r["body"] + "\n" for r in records)))
     for path in (jl, pq):
         with pytest.raises(UserError, match=r"no text column 'text' \(its columns: body\).*data.text_column=body"):
             _dm(tmp_path, files=[str(path)], text_column="text")

@@ -188,13 +188,16 @@ def test_masked_lm_text_longer_than_the_model_says_shorten_it():
         predictor_for(type(model))(model, OmegaConf.create({"text": "abc [MASK] abcabc"}), None)
 
 
-@pytest.mark.parametrize("experiment,objective", [("gpt_shakespeare_char_cpu", "masked"),
-                                                  ("bert_shakespeare", "causal")])
-def test_data_objective_against_the_model_is_a_user_error(tmp_path, small_data, experiment, objective):
+@pytest.mark.parametrize("experiment,objective,wanted", [("gpt_shakespeare_char_cpu", "masked", "causal"),
+                                                         ("bert_shakespeare", "causal", "masked")])
+def test_data_objective_against_the_model_is_a_user_error(tmp_path, small_data, experiment, objective, wanted):
+    from attnlab.cli.checks import check_config
+
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", f"data.objective={objective}", "data.batch_size=4",
                        *SMALL], tmp_path, data_dir=small_data)
-    with pytest.raises(UserError, match=f"data.objective={objective}, but .* remove the data.objective override"):
-        train(cfg)
+    with pytest.raises(UserError, match=rf"data.objective \(as model.objective\)='{objective}' is refused: .*"
+                                        f"expected one of '{wanted}'"):
+        check_config(cfg)
 
 
 def test_eval_on_text_tokenized_with_another_vocabulary_is_refused(small_gpt, small_data, tmp_path, log_env):

@@ -211,7 +211,7 @@ def test_membrane_split_and_labels(small_data):
     dm = MembraneDataModule(root=str(root), image_size=128, samples_per_epoch=30)
     dm.setup()
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (30, 5, 5)
-    assert dm.meta == {"num_classes": 2, "image_size": 128, "channels": 1}
+    assert dm.info().sizes() == {"num_classes": 2, "image_size": 128, "channels": 1}
     x, y = dm.val_set[0]
     assert x.shape == (1, 256, 256) and y.shape == (256, 256)
     raw = np.asarray(Image.open(root / "label" / "25.png"))

@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from attnlab.data.info import DataInfo
 from attnlab.checkpoints import newest_last, read_checkpoint
 from attnlab.config import constructor_kwargs, import_user_modules, named_parameters
 from attnlab.errors import UserError
@@ -34,8 +35,9 @@ def instantiate(cfg, *args, **kwargs):
 
 
 def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
-    """Instantiate the DataModule, load what it needs (downloading only where configured), and write what the data
-    determines (num_classes, image_size, vocab_size, ...) back into the config, where the model reads it."""
+    """Instantiate the DataModule, load what it needs (downloading only where configured), and write the sizes the
+    data determines (its `info()`: num_classes, image_size, vocab_size, ...) into the data config, where a model
+    config interpolates them (`${data.vocab_size}`)."""
     node = OmegaConf.to_container(data_cfg, resolve=True)
     cls = _target_class(node.pop("_target_", None), "data")
     kwargs, _ = constructor_kwargs("data", node, cls)
@@ -45,9 +47,16 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
             dm.prepare_data()
         dm.setup("fit")
     with open_dict(data_cfg):
-        for key, value in (getattr(dm, "meta", None) or {}).items():
+        for key, value in data_info(dm).sizes().items():
             data_cfg[key] = value
     return dm
+
+
+def data_info(dm) -> DataInfo:
+    """What a prepared data module tells the model (attnlab.data.info); a user's LightningDataModule without
+    `info()` tells nothing."""
+    info = getattr(dm, "info", None)
+    return info() if callable(info) else DataInfo(str(getattr(dm, "kind", "")))
 
 
 def _target_class(target: str | None, group: str) -> type:
@@ -76,10 +85,11 @@ def build_task(cfg: DictConfig, dm) -> Any:
     kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
-    extras = getattr(dm, "model_extras", dict)()
-    if issubclass(task_cls, BaseTask):
-        return task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler, **extras)
     takes = named_parameters(task_cls)
+    # the data's objects (tokenizers, class names, ...) for the parameters the task names and the config leaves empty
+    extras = {k: v for k, v in data_info(dm).task_arguments().items() if k in takes and kwargs.get(k) is None}
+    if issubclass(task_cls, BaseTask):
+        return check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler, **extras), dm)
     if optimizer and "optimizer" in takes:
         opt_kwargs, platform = constructor_kwargs("optimizer", optimizer, object)
         used = {k: v for k, v in platform.items() if v is not None}
@@ -92,8 +102,16 @@ def build_task(cfg: DictConfig, dm) -> Any:
         kwargs["optimizer"] = instantiate(opt_kwargs | {"_partial_": True})
     if scheduler and "scheduler" in takes:
         kwargs["scheduler"] = instantiate(scheduler | {"_partial_": True})
-    kwargs |= {k: v for k, v in extras.items() if k in takes}
+    kwargs |= extras
     return instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}", **kwargs}, _convert_="all")
+
+
+def check_data(task, dm):
+    """The task's own check of the data it meets (`check_data(info)`, where it has one). -> the task."""
+    check = getattr(task, "check_data", None)
+    if callable(check):
+        check(data_info(dm))
+    return task
 
 
 def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:

@@ -51,7 +51,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(run_cfg.get("seed", cfg.seed), workers=True)
     data_cfg = OmegaConf.merge(run_cfg.data, cfg.get("data") or {})
     dm = builders.build_datamodule(data_cfg)
-    model = builders.load_task(ckpt, meta)
+    model = builders.check_data(builders.load_task(ckpt, meta), dm)
     decode = {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
     if decode and not hasattr(model, "decode_cfg"):
         raise UserError(f"decode.* settings ({', '.join(decode)}) are for translation checkpoints; this one is a "

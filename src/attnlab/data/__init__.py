@@ -1,1 +1,1 @@
-"""LightningDataModules. Each declares its `kind` (what tasks it feeds) and its `meta` (what flows into the model)."""
+"""LightningDataModules. Each declares its `kind` (what tasks it feeds) and, once set up, its `info()` (attnlab.data.info: what the model takes from it)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -11,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from attnlab.data.samplers import EpochShuffleSampler, ResumableDataLoader
 from attnlab.errors import UserError
 from attnlab.types import NonNegativeInt, PositiveInt
+from attnlab.data.info import DataInfo
 
 
 def split_by_fraction(n: int, fractions: list[float], seed: int) -> list[list[int]]:
@@ -46,14 +45,10 @@ class BaseDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
 
-    # ---- what the data tells the model (num_classes, image_size, vocab_size, ...)
-    @property
-    def meta(self) -> dict[str, Any]:
-        return {}
-
-    def model_extras(self) -> dict[str, Any]:
-        """Extra constructor arguments for the task that are not config values (e.g. class names)."""
-        return {}
+    # ---- what the data tells the model, once it is set up: the one contract (attnlab.data.info)
+    def info(self) -> DataInfo:
+        """Sizes (num_classes, image_size, vocab_size, ...) and objects (tokenizers, class names) the task takes."""
+        return DataInfo(self.kind)
 
     def build_splits(self) -> tuple[Dataset, Dataset, Dataset]:
         raise NotImplementedError

@@ -14,6 +14,7 @@ from attnlab.data.base import BaseDataModule
 from attnlab.data.transforms import eval_transform, train_transform
 from attnlab.errors import UserError
 from attnlab.types import Fraction, PositiveInt
+from attnlab.data.info import DataInfo
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -127,12 +128,9 @@ class ImageDataModule(BaseDataModule):
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.class_names: list[str] | None = None
 
-    @property
-    def meta(self) -> dict[str, Any]:
-        return {"num_classes": self.num_classes, "image_size": self.image_size, "channels": self.channels}
-
-    def model_extras(self) -> dict[str, Any]:
-        return {"class_names": self.class_names} if self.class_names else {}
+    def info(self) -> DataInfo:
+        return DataInfo(self.kind, num_classes=self.num_classes, image_size=self.image_size, channels=self.channels,
+                        class_names=self.class_names or None)
 
     def check_num_classes(self, found: int, where: str) -> None:
         if self.num_classes is not None and int(self.num_classes) != found:

@@ -20,6 +20,7 @@ from attnlab.data.base import BaseDataModule, split_by_fraction
 from attnlab.data.images import IMAGE_EXTENSIONS
 from attnlab.data.seg_transforms import IGNORE_INDEX, eval_pair_transform, train_pair_transform
 from attnlab.errors import UserError
+from attnlab.data.info import DataInfo
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
 _MASK_MODES = {"1", "L", "P"}
@@ -283,12 +284,9 @@ class SegmentationDataModule(BaseDataModule):
                             "scale jitter) or resized (a random area resized to data.image_size).")
         self.eval_resize, self.samples_per_epoch = eval_resize, samples_per_epoch
 
-    @property
-    def meta(self) -> dict[str, Any]:
-        return {"num_classes": self.num_classes, "image_size": self.image_size, "channels": self.channels}
-
-    def model_extras(self) -> dict[str, Any]:
-        return {"class_names": self.class_names, "palette": self.palette, "mean": self.mean, "std": self.std}
+    def info(self) -> DataInfo:
+        return DataInfo(self.kind, num_classes=self.num_classes, image_size=self.image_size, channels=self.channels,
+                        class_names=self.class_names, palette=self.palette, mean=self.mean, std=self.std)
 
     def datasets(self) -> tuple[SegmentationPairs, SegmentationPairs, SegmentationPairs]:
         raise NotImplementedError

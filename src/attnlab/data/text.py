@@ -32,6 +32,7 @@ from attnlab.data.token_arrays import TokenArray, tokenize_to_disk
 from attnlab.data.tokenizers import CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer
 from attnlab.errors import UserError
 from attnlab.types import Encoding, Fraction, PositiveInt, UnitInterval
+from attnlab.data.info import DataInfo
 
 log = logging.getLogger("attnlab")
 
@@ -105,14 +106,11 @@ class TextDataModule(BaseDataModule):
         self.token_arrays: dict[str, TokenArray] = {}
 
     # ---- what flows into the model config and the task
-    @property
-    def meta(self) -> dict[str, Any]:
+    def info(self) -> DataInfo:
         if self.tokenizer is None:
-            return {}
-        return {"vocab_size": self.tokenizer.vocab_size, "block_size": self.block_size, "max_length": self.max_length}
-
-    def model_extras(self) -> dict[str, Any]:
-        return {"tokenizer": self.tokenizer.to_json()} if self.tokenizer is not None else {}
+            return DataInfo(self.kind)
+        return DataInfo(self.kind, objective=self.objective, vocab_size=self.tokenizer.vocab_size, block_size=self.block_size,
+                        max_length=self.max_length, tokenizer=self.tokenizer.to_json())
 
     # ---- sources and splits
     def _sources(self) -> tuple[dict[str, Source], bool]:

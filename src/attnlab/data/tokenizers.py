@@ -131,6 +131,11 @@ class HFTokenizer(TextTokenizer):
     def to_json(self) -> str:
         return json.dumps({"attnlab_kind": self.kind, "tokenizer": json.loads(self.tok.to_str())})
 
+    @property
+    def normalizes(self) -> bool:
+        """Whether the text cleaning (lowercasing, Unicode form) is inside the tokenizer."""
+        return self.tok.normalizer is not None
+
 
 def tokenizer_from_json(text: str) -> TextTokenizer:
     data = json.loads(text)
@@ -144,14 +149,17 @@ def tokenizer_from_json(text: str) -> TextTokenizer:
 # ---- building (or loading from the cache)
 
 def train_hf_tokenizer(kind: str, texts: Iterator[str], vocab_size: int, specials: list[str],
-                       lowercase: bool = False, min_frequency: int = 2):
-    """Byte-level BPE (GPT-2 style: any text encodes, no unknown tokens) or WordPiece (BERT style)."""
+                       lowercase: bool = False, min_frequency: int = 2, unicode_form: str | None = None):
+    """Byte-level BPE (GPT-2 style: any text encodes, no unknown tokens) or WordPiece (BERT style). The text
+    cleaning (`unicode_form`: NFC, NFKC, ...; lowercasing) is the tokenizer's normalizer, so it travels with it."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if kind == "bpe":
         tok = Tokenizer(models.BPE())
-        if lowercase:
-            tok.normalizer = normalizers.Lowercase()
+        steps = ([getattr(normalizers, unicode_form.upper())()] if unicode_form else []) \
+            + ([normalizers.Lowercase()] if lowercase else [])
+        if steps:
+            tok.normalizer = normalizers.Sequence(steps)
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
@@ -189,7 +197,8 @@ def load_pretrained(name: str, cache: Path):
 
 def build_tokenizer(kind: str, corpus_key: str, train_texts, all_texts, cache_dir: Path, vocab_size: int | None,
                     specials: list[str], lowercase: bool = False, min_frequency: int = 2,
-                    pretrained: str | None = None, extra_chars: str = "") -> tuple[TextTokenizer, str]:
+                    pretrained: str | None = None, extra_chars: str = "",
+                    unicode_form: str | None = None) -> tuple[TextTokenizer, str]:
     """(tokenizer, its cache key). `train_texts` / `all_texts` are callables returning iterators of documents:
     BPE/WordPiece learn from the training split; the character vocabulary covers every split (as nanoGPT's) and
     `extra_chars` (e.g. the separator the data puts between records).
@@ -206,6 +215,8 @@ def build_tokenizer(kind: str, corpus_key: str, train_texts, all_texts, cache_di
                 "lowercase": lowercase, "min_frequency": min_frequency, "pretrained": pretrained}
     if kind == "char" and extra_chars:  # only then: the keys of every other cached tokenizer stay as they were
         settings["extra_chars"] = "".join(sorted(set(extra_chars)))
+    if unicode_form:
+        settings["unicode_form"] = unicode_form
     key = cache_key(settings)
     path = Path(cache_dir) / "tokenizers" / f"{kind}-{key}.json"
     tok = _cached_tokenizer(path, lowercase)
@@ -217,7 +228,7 @@ def build_tokenizer(kind: str, corpus_key: str, train_texts, all_texts, cache_di
         if tok is not None:
             return tok, key
         tok = _new_tokenizer(kind, train_texts, all_texts, cache_dir, vocab_size, specials, lowercase, min_frequency,
-                             pretrained, extra_chars)
+                             pretrained, extra_chars, unicode_form)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(tok.to_json())
         tmp.replace(path)
@@ -236,7 +247,7 @@ def _cached_tokenizer(path: Path, lowercase: bool) -> TextTokenizer | None:
 
 
 def _new_tokenizer(kind, train_texts, all_texts, cache_dir, vocab_size, specials, lowercase, min_frequency,
-                   pretrained, extra_chars) -> TextTokenizer:
+                   pretrained, extra_chars, unicode_form=None) -> TextTokenizer:
     if kind == "char":
         chars: set[str] = set(extra_chars.lower() if lowercase else extra_chars)
         for doc in all_texts():
@@ -252,5 +263,5 @@ def _new_tokenizer(kind, train_texts, all_texts, cache_dir, vocab_size, specials
         raise UserError(f"data.tokenizer={kind} is trained on the corpus and needs "
                         "data.tokenizer_vocab_size=<int> (e.g. 8192).")
     log.info("tokenizer: training %s with a vocabulary of %d on the training split", kind, vocab_size)
-    return HFTokenizer(train_hf_tokenizer(kind, train_texts(), int(vocab_size), specials, lowercase, min_frequency),
-                       kind)
+    return HFTokenizer(train_hf_tokenizer(kind, train_texts(), int(vocab_size), specials, lowercase, min_frequency,
+                                          unicode_form), kind)

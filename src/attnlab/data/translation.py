@@ -26,6 +26,7 @@ from attnlab.data.parallel_text import clean_text, hub_pairs, multi30k_files, re
 from attnlab.data.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.types import Encoding, PositiveInt
+from attnlab.data.info import DataInfo
 
 log = logging.getLogger("attnlab")
 
@@ -84,18 +85,13 @@ class TranslationDataModule(BaseDataModule):
         self.texts: dict[str, tuple[list[str], list[str]]] = {}
 
     # ---- what the model reads
-    @property
-    def meta(self) -> dict[str, Any]:
+    def info(self) -> DataInfo:
         if self.tokenizers is None:
-            return {}
+            return DataInfo(self.kind)
         src, tgt = self.tokenizers
-        return {"src_vocab_size": src.vocab_size, "tgt_vocab_size": tgt.vocab_size, "pad_id": src.token_to_id(PAD),
-                "bos_id": tgt.token_to_id(BOS), "eos_id": tgt.token_to_id(EOS)}
-
-    def model_extras(self) -> dict[str, Any]:
-        if self.tokenizers is None:
-            return {}
-        return {"src_tokenizer": self.tokenizers[0].to_json(), "tgt_tokenizer": self.tokenizers[1].to_json()}
+        return DataInfo(self.kind, src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size,
+                        pad_id=src.token_to_id(PAD), bos_id=tgt.token_to_id(BOS), eos_id=tgt.token_to_id(EOS),
+                        max_length=self.max_length, src_tokenizer=src.to_json(), tgt_tokenizer=tgt.to_json())
 
     # ---- reading
     def _hint(self) -> str:
@@ -156,7 +152,7 @@ class TranslationDataModule(BaseDataModule):
         if self.encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
             corpus["encoding"] = self.encoding  # the text read, so the vocabulary and token cache, depend on it
         settings = dict(cache_dir=self.cache_dir, vocab_size=self.vocab_size, specials=SPECIALS,
-                        min_frequency=self.min_frequency)
+                        min_frequency=self.min_frequency, lowercase=self.lowercase, unicode_form=self.normalize)
         if self.joint_vocab:
             tok, _ = build_tokenizer("bpe", cache_key(corpus | {"side": "joint"}), lambda: iter(train_src + train_tgt),
                                      None, **settings)
@@ -220,7 +216,7 @@ class TranslationDataModule(BaseDataModule):
                                   num_replicas=world, rank=rank)
 
     def collate_fn(self, train: bool) -> PadCollator:
-        return PadCollator(self.meta["pad_id"])
+        return PadCollator(self.tokenizers[0].token_to_id(PAD))
 
 
 def tokenizer_pair(src_json: str, tgt_json: str) -> tuple[TextTokenizer, TextTokenizer]:

@@ -14,6 +14,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from attnlab.compat import logs_this_step
+from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
 from attnlab.nn.registry import network_settings
 from attnlab.optim.param_groups import param_groups
@@ -156,6 +157,11 @@ class BaseTask(L.LightningModule):
         if param is None:
             return {}
         return network_settings(settings.get("net") or param.default)
+
+    def check_data(self, info: DataInfo) -> None:
+        """Refuse data this model cannot take (a vocabulary larger than its embedding, sequences longer than its
+        positions, another tokenizer than its checkpoint's). The entry points call it once, with the prepared data
+        module's info, before fitting or evaluating."""
 
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for `perf/mfu`; None when unknown."""

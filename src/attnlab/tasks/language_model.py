@@ -9,12 +9,13 @@ tokens, and the same under `test/`.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from attnlab.data.info import DataInfo
 from attnlab.data.tokenizers import TextTokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.nn.gpt import check_length
@@ -34,7 +35,7 @@ class _LanguageModel(BaseTask):
     def _init_common(self, tokenizer: str | None, objective: str) -> None:
         if objective != self.objective:
             raise UserError(f"model.objective={objective}, but {type(self).__name__} trains the {self.objective} "
-                            f"objective: remove the override (the data follows model.objective).")
+                            f"objective: set data.objective={self.objective} (model.objective follows it).")
         self.tokenizer_json = tokenizer
         self._tokenizer: TextTokenizer | None = None
         self.metrics = torch.nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("val", "test") for m in ("loss", "acc")})
@@ -51,25 +52,21 @@ class _LanguageModel(BaseTask):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
 
-    def setup(self, stage: str) -> None:
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        meta = dict(getattr(dm, "meta", {}) or {})
-        vocab = meta.get("vocab_size")
-        if vocab is not None and vocab > self.net.config.vocab_size:
+    def check_data(self, info: DataInfo) -> None:
+        vocab, have = info.vocab_size, self.hparams.get("vocab_size")
+        if vocab is not None and have is not None and vocab > have:
             raise UserError(
-                f"the tokenizer has {vocab} tokens but the model's vocabulary is model.vocab_size="
-                f"{self.net.config.vocab_size}: token ids past it have no embedding. Let the model follow the data "
-                f"(model.vocab_size=${{data.vocab_size}}, the default) or set model.vocab_size>={vocab}."
+                f"the tokenizer has {vocab} tokens but the model's vocabulary is model.vocab_size={have}: token ids "
+                f"past it have no embedding. Let the model follow the data (model.vocab_size=${{data.vocab_size}}, "
+                f"the default) or set model.vocab_size>={vocab}."
             )
-        objective = getattr(dm, "objective", self.objective)
-        if objective != self.objective:
-            raise UserError(f"data.objective={objective}, but {type(self).__name__} trains the {self.objective} "
-                            f"objective: remove the data.objective override (the data follows model.objective).")
-        if meta.get(self.length_key) is not None:
-            check_length(int(meta[self.length_key]), self.max_positions, f"model.{self.length_key}")
-        data_tokenizer = dm.model_extras().get("tokenizer") if hasattr(dm, "model_extras") else None
-        if self.tokenizer_json is not None and data_tokenizer is not None and not same_vocabulary(
-                self.tokenizer, tokenizer_from_json(data_tokenizer)):
+        if info.objective not in (None, self.objective):
+            raise UserError(f"data.objective={info.objective}, but {type(self).__name__} trains the {self.objective} "
+                            f"objective: set data.objective={self.objective} (model.objective follows it).")
+        if getattr(info, self.length_key) is not None:
+            check_length(int(getattr(info, self.length_key)), self.max_positions, f"model.{self.length_key}")
+        if self.tokenizer_json is not None and info.tokenizer is not None and not same_vocabulary(
+                self.tokenizer, tokenizer_from_json(info.tokenizer)):
             raise UserError(
                 "the data was tokenized with another vocabulary than the model's: the checkpoint's tokenizer was "
                 "learned on its own training corpus, and these files (or tokenizer settings) gave a different one, "
@@ -126,7 +123,7 @@ class CausalLM(_LanguageModel):
     objective = "causal"
     length_key = "block_size"
 
-    def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt", objective: str = "causal",
+    def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt", objective: Literal["causal"] = "causal",
                  tokenizer: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
                  sample_prompt: str | None = "\n", sample_temperature: float = 0.8, sample_top_k: int | None = 200,
                  **settings: Any):
@@ -205,7 +202,7 @@ class MaskedLM(_LanguageModel):
     objective = "masked"
     length_key = "max_length"
 
-    def __init__(self, vocab_size: int, max_length: int = 128, net: str = "bert", objective: str = "masked",
+    def __init__(self, vocab_size: int, max_length: int = 128, net: str = "bert", objective: Literal["masked"] = "masked",
                  tokenizer: str | None = None, num_samples: int = 2, **settings: Any):
         network, base = create_network(net, settings | {"vocab_size": vocab_size, "max_length": max_length})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))

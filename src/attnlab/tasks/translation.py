@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from attnlab.data.info import DataInfo
 from attnlab.data.translation import tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings, decode, greedy
@@ -70,18 +71,16 @@ class Translator(BaseTask):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokenizer_json, self._tokenizers = tuple(checkpoint.get("tokenizers") or (None, None)), None
 
-    def setup(self, stage: str) -> None:
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        meta = dict(getattr(dm, "meta", {}) or {})
+    def check_data(self, info: DataInfo) -> None:
         for key, have in (("src_vocab_size", self.hparams.src_vocab_size), ("tgt_vocab_size", self.hparams.tgt_vocab_size)):
-            if meta.get(key) is not None and meta[key] != have:
-                raise UserError(f"the data's {key} is {meta[key]} but the model was built for {have}: the model "
-                                f"follows the data (model.{key}=${{data.{key}}}); remove the override.")
-        max_len = getattr(self.net.config, "max_len", None)
-        if max_len is not None and dm is not None and getattr(dm, "max_length", 0) > max_len:
-            raise UserError(f"data.max_length={dm.max_length} is longer than the model's positional table "
+            if getattr(info, key) is not None and getattr(info, key) != have:
+                raise UserError(f"the data's {key} is {getattr(info, key)} but the model was built for {have}: the "
+                                f"model follows the data (model.{key}=${{data.{key}}}); remove the override.")
+        max_len = getattr(getattr(self.net, "config", None), "max_len", None)
+        if max_len is not None and (info.max_length or 0) > max_len:
+            raise UserError(f"data.max_length={info.max_length} is longer than the model's positional table "
                             f"(model.max_len={max_len}). Set data.max_length<={max_len} (longer sentences are "
-                            f"truncated) or model.max_len>={dm.max_length}.")
+                            f"truncated) or model.max_len>={info.max_length}.")
 
     # ---- training
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

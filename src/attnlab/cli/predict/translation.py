@@ -13,8 +13,6 @@ log = logging.getLogger("attnlab")
 
 
 def predict(model, cfg, run_cfg) -> list[str]:
-    from attnlab.data.parallel_text import clean_text
-
     if model.tokenizers is None:
         raise UserError("this checkpoint holds no tokenizers: retrain with attnlab's translation data.")
     if cfg.get("text"):
@@ -29,13 +27,13 @@ def predict(model, cfg, run_cfg) -> list[str]:
         raise UserError('predict.py for a translation model needs text="a sentence" or input=<file with one '
                         "sentence per line>.")
     model.decode_cfg |= {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
-    data = run_cfg.get("data", {})
     src_tok = model.tokenizers[0]
-    limit = min(int(data.get("max_length") or 10**9), getattr(model.net.config, "max_len", 10**9))
+    clean = _legacy_cleaning(src_tok, run_cfg)
+    trained = ((run_cfg or {}).get("data") or {}).get("max_length")  # sentences were cut there in training
+    limit = min(int(trained or 10**9), getattr(model.net.config, "max_len", 10**9))
     batch, out = int(cfg.get("batch_size") or 64), []
     for start in range(0, len(lines), batch):
-        texts = [clean_text(t.strip(), bool(data.get("lowercase")), data.get("normalize"))
-                 for t in lines[start : start + batch]]
+        texts = [clean(t.strip()) for t in lines[start : start + batch]]
         encoded = [src_tok.encode(t) for t in texts]
         for n, e in enumerate(encoded):
             if len(e) > limit - 1:
@@ -50,3 +48,14 @@ def predict(model, cfg, run_cfg) -> list[str]:
             print(hyp, flush=True)
         out.extend(hyps)
     return out
+
+
+def _legacy_cleaning(tokenizer, run_cfg):
+    """The tokenizer lowercases and Unicode-normalizes (its normalizer) since it carries the cleaning; a checkpoint
+    whose tokenizer predates that gets the cleaning its run's data config names."""
+    from attnlab.data.parallel_text import clean_text
+
+    if getattr(tokenizer, "normalizes", True) or run_cfg is None:
+        return lambda text: text
+    data = run_cfg.get("data") or {}
+    return lambda text: clean_text(text, bool(data.get("lowercase")), data.get("normalize"))
