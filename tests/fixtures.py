@@ -9,6 +9,7 @@ copy of each dataset the tests read:
     cifar10/cifar10_test.zip, cifar10_train_subset_20_per_class.zip   32x32 RGB PNGs as <split>/<class>/*.png
     isbi2012_em_membrane/{image,label}/<0..29>.png 30 grayscale 256x256 slices, masks 255 cell / 0 membrane
     wikitext2/{valid,test}.txt                     WikiText-style tokenized text (no train.txt, as the offline copy)
+    sst2/{train,dev,test}.tsv                      400 / 80 / 80 labelled sentences, a sentiment word decides the label
 
 Point `paths.data_dir` (compose_cfg(..., data_dir=small_data)) or ATTNLAB_DATA_DIR (run_cli(..., data_dir=small_data))
 at it.
@@ -294,6 +295,37 @@ def make_membrane(root: Path, n: int = 30, size: int = 256) -> Path:
 # ---- the data folder
 
 
+# ---- labelled sentences: SST-2's layout (lowercased, tab-separated, header sentence<TAB>label, no quoting)
+
+_POSITIVE = ["gripping", "funny", "charming", "moving", "brilliant", "warm", "clever", "beautiful"]
+_NEGATIVE = ["dull", "tedious", "clumsy", "bland", "boring", "awful", "lifeless", "messy"]
+_NOUNS = ["movie", "film", "story", "script", "performance", "comedy", "drama", "picture"]
+_FILLERS = ["a", "the", "this", "an often", "a truly", "its", "one", "a rather"]
+
+
+def sentiment_rows(n: int, seed: int) -> list[tuple[str, int]]:
+    """(sentence, label) pairs whose label a word of the sentence decides, in SST-2's lowercased, tokenized style."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        adj = rng.choice(_POSITIVE if label else _NEGATIVE)
+        words = [rng.choice(_FILLERS), adj, rng.choice(_NOUNS)]
+        if rng.random() < 0.5:
+            words += ["and", rng.choice(_FILLERS), rng.choice(_NOUNS)]
+        rows.append((" ".join(words) + (" ." if rng.random() < 0.5 else ""), label))
+    return rows
+
+
+def make_sst2(root: Path, n_train: int = 400, n_dev: int = 80, n_test: int = 80) -> Path:
+    """{train,dev,test}.tsv as the offline copy of GLUE SST-2 lays them out."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, n, seed in (("train", n_train, 0), ("dev", n_dev, 1), ("test", n_test, 2)):
+        lines = ["sentence\tlabel"] + [f"{text} \t{label}" for text, label in sentiment_rows(n, seed)]
+        (root / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
 def make_data_dir(root: Path) -> Path:
     """Every small dataset, laid out as in ../shared/data."""
     make_tinyshakespeare(root / "tinyshakespeare")
@@ -302,6 +334,7 @@ def make_data_dir(root: Path) -> Path:
     make_mnist(root / "mnist")
     make_cifar10(root / "cifar10")
     make_membrane(root / "isbi2012_em_membrane")
+    make_sst2(root / "sst2")
     return root
 
 

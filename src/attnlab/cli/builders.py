@@ -34,7 +34,7 @@ def instantiate(cfg, *args, **kwargs):
         raise
 
 
-def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
+def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str | None = None):
     """Instantiate the DataModule, load what it needs (downloading only where configured), and write the sizes the
     data determines (its `info()`: num_classes, image_size, vocab_size, ...) into the data config, where a model
     config interpolates them (`${data.vocab_size}`)."""
@@ -42,6 +42,8 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
     cls = _target_class(node.pop("_target_", None), "data")
     kwargs, _ = constructor_kwargs("data", node, cls)
     dm = instantiate({"_target_": f"{cls.__module__}.{cls.__qualname__}", **kwargs}, _convert_="all")
+    if tokenizer is not None and callable(getattr(dm, "use_tokenizer", None)):
+        dm.use_tokenizer(tokenizer)  # the tokenizer of the weights the run starts from
     if prepare:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             dm.prepare_data()
@@ -50,6 +52,17 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True):
         for key, value in data_info(dm).sizes().items():
             data_cfg[key] = value
     return dm
+
+
+def init_tokenizer(cfg: DictConfig) -> str | None:
+    """The tokenizer of the weights `model.init_from` names, where the task reads one from them (its
+    `init_tokenizer`): the one flow from the model to the data, so the data is read with the weights' vocabulary."""
+    init_from = (cfg.get("model") or {}).get("init_from")
+    target = (cfg.get("model") or {}).get("_target_")
+    if not init_from or not target:
+        return None
+    reader = getattr(_target_class(target, "model"), "init_tokenizer", None)
+    return reader(str(init_from)) if callable(reader) else None
 
 
 def data_info(dm) -> DataInfo:

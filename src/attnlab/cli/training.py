@@ -45,7 +45,7 @@ def train(cfg: DictConfig) -> float | None:
         meta = builders.read_run_metadata(ckpt_path)
         builders.check_same_task(meta, cfg.model._target_, ckpt_path, run_dir=bool(in_run_dir))
 
-    dm = builders.build_datamodule(cfg.data)
+    dm = builders.build_datamodule(cfg.data, tokenizer=builders.init_tokenizer(cfg))
     model = builders.build_task(cfg, dm)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if in_run_dir:

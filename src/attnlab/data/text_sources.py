@@ -17,7 +17,7 @@ from attnlab.errors import UserError
 log = logging.getLogger("attnlab")
 
 OBJECTIVES = ("causal", "masked")
-TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet", ".tsv", ".csv")
 SEPARATOR = "\n"  # ends each record (jsonl, parquet, hub) when the tokenizer has no end-of-text token
 
 
@@ -104,6 +104,10 @@ def file_source(name: str, files: list[str], text_column: str, hint: str | None,
                     yield from _txt_docs(p, encoding)
                 elif p.suffix == ".jsonl":
                     yield from _jsonl_docs(p, text_column, encoding)
+                elif p.suffix in (".tsv", ".csv"):  # a column of a table with a header (GLUE's .tsv: no quoting)
+                    from attnlab.data.text_classification import read_table
+
+                    yield from (r[text_column] for r in read_table(p, [text_column], encoding))
                 else:
                     yield from _parquet_docs(p, text_column)
             except UnicodeDecodeError as e:

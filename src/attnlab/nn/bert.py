@@ -1,4 +1,6 @@
-"""A BERT-style bidirectional encoder with a masked-language-model head."""
+"""A BERT-style bidirectional encoder, with a masked-language-model head (`BertMLM`, pretraining) or a pooler and a
+classification head (`BertClassifier`, sentence and sentence-pair classification). Both share the encoder's
+parameter names, so a pretraining checkpoint's encoder loads into the classifier as it is."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.embeddings import TokenPositionEmbedding
-from attnlab.nn.registry import register_network
 from attnlab.nn.gpt import check_length
-from attnlab.types import Fraction, MultipleOf, PositiveInt
 from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
+from attnlab.nn.registry import register_network
+from attnlab.types import Fraction, MultipleOf, NonNegativeInt, PositiveInt
 
 
 @dataclass
@@ -27,16 +29,24 @@ class BertConfig(StackConfig):
     norm_position: Literal["pre", "post"] = "post"  # post (BERT) | pre
 
 
-@register_network("bert", config=BertConfig)
-class BertMLM(StackAccounting, nn.Module):
-    """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size)."""
+@dataclass
+class BertClassifierConfig(BertConfig):
+    num_classes: PositiveInt = 2
+    type_vocab_size: NonNegativeInt = 2   # segment embeddings for sentence pairs (0: none)
+    classifier_dropout: Fraction | None = None  # before the head (None: dropout)
+
+
+class BertEncoder(StackAccounting, nn.Module):
+    """The encoder: token (+ segment) + position embeddings, a norm, and bidirectional Transformer blocks."""
 
     context_length = "max_length"
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, type_vocab_size: int = 0):
         super().__init__()
         self.config = c = config
         self.embed = TokenPositionEmbedding(c.vocab_size, c.n_embd, c.max_length, c.positional, c.n_head, 0.0)
+        # segment embeddings start at zero: an encoder pretrained without them computes what it did
+        self.segment = nn.Embedding(type_vocab_size, c.n_embd) if type_vocab_size else None
         self.embed_norm = make_norm(c.norm, c.n_embd, c.bias)
         self.drop = nn.Dropout(c.dropout)
         hidden = int(c.ffn_mult * c.n_embd)
@@ -46,6 +56,31 @@ class BertMLM(StackAccounting, nn.Module):
             for _ in range(c.n_layer)
         )
         self.norm_f = make_norm(c.norm, c.n_embd, c.bias) if c.norm_position == "pre" else nn.Identity()
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        check_length(input_ids.shape[1], self.config.max_length, "model.max_length")
+        x = self.embed(input_ids)                                          # (B, T, C)
+        if self.segment is not None and token_type_ids is not None:
+            x = x + self.segment(token_type_ids)
+        x = self.drop(self.embed_norm(x))
+        pad = attention_mask.bool() if attention_mask is not None else None
+        for block in self.blocks:
+            x = block(x, key_padding_mask=pad)
+        return self.norm_f(x)                                              # (B, T, C)
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's hook for layer-wise lr decay: embeddings first, then one group per block, the heads last."""
+        return {"stem": r"^embed|^segment|^embed_norm", "blocks": r"^blocks\.(\d+)"}
+
+
+@register_network("bert", config=BertConfig)
+class BertMLM(BertEncoder):
+    """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        c = config
         # MLM head: transform (dense + gelu + norm), then a decoder tied to the token embedding, with its own bias
         self.head_dense = nn.Linear(c.n_embd, c.n_embd)
         self.head_norm = make_norm(c.norm, c.n_embd, c.bias)
@@ -55,15 +90,39 @@ class BertMLM(StackAccounting, nn.Module):
         if c.tie_weights:
             self.decoder.weight = self.embed.wte.weight
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_length(input_ids.shape[1], self.config.max_length, "model.max_length")
-        x = self.drop(self.embed_norm(self.embed(input_ids)))             # (B, T, C)
-        pad = attention_mask.bool() if attention_mask is not None else None
-        for block in self.blocks:
-            x = block(x, key_padding_mask=pad)
-        return self.norm_f(x)                                              # (B, T, C)
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.encode(input_ids, attention_mask)
         h = self.head_norm(F.gelu(self.head_dense(h)))                     # (B, T, C)
         return self.decoder(h) + self.decoder_bias                         # (B, T, V)
+
+
+@register_network("bert_classifier", config=BertClassifierConfig)
+class BertClassifier(BertEncoder):
+    """input_ids, attention_mask, token_type_ids (B, T) -> logits (B, num_classes): the [CLS] (first) position's
+    state through BERT's pooler (dense + tanh) and a linear head."""
+
+    def __init__(self, config: BertClassifierConfig):
+        super().__init__(config, config.type_vocab_size)
+        c = config
+        self.pooler = nn.Linear(c.n_embd, c.n_embd)
+        self.head_drop = nn.Dropout(c.dropout if c.classifier_dropout is None else c.classifier_dropout)
+        self.classifier = nn.Linear(c.n_embd, c.num_classes)
+        init_gpt2_(self, c.n_layer)
+        if self.segment is not None:
+            nn.init.zeros_(self.segment.weight)
+
+    def forward_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                         token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.encode(input_ids, attention_mask, token_type_ids)     # (B, T, C)
+
+    def forward_head(self, h: torch.Tensor) -> torch.Tensor:
+        pooled = torch.tanh(self.pooler(h[:, 0]))                          # (B, C)
+        return self.classifier(self.head_drop(pooled))                     # (B, K)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_head(self.forward_features(input_ids, attention_mask, token_type_ids))
+
+    def get_classifier(self) -> nn.Module:
+        """What a linear probe trains (timm's hook, for model.freeze_backbone): the pooler and the head."""
+        return nn.ModuleList([self.pooler, self.classifier])

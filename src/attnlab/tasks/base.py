@@ -28,6 +28,28 @@ def _initial_loss_mean(task, state_dict, prefix, *args) -> None:
         state_dict.setdefault(f"{prefix}train_loss_mean.{name}", default.clone())
 
 
+class TokenizerInCheckpoint:
+    """For a task that reads text: its tokenizer (JSON, `self.tokenizer_json`) travels in every checkpoint, so
+    `load_from_checkpoint` rebuilds a model that can encode and decode alone."""
+
+    tokenizer_json: str | None = None
+    _tokenizer = None
+
+    @property
+    def tokenizer(self):
+        from attnlab.data.tokenizers import tokenizer_from_json
+
+        if self._tokenizer is None and self.tokenizer_json:
+            self._tokenizer = tokenizer_from_json(self.tokenizer_json)
+        return self._tokenizer
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokenizer"] = self.tokenizer_json
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
+
+
 class BaseTask(L.LightningModule):
     """Subclasses build `self.net` in `__init__`, call `self.save_hyperparameters()`, and log their metrics.
 

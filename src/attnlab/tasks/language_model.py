@@ -20,13 +20,13 @@ from attnlab.data.tokenizers import TextTokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.nn.gpt import check_length
 from attnlab.nn.registry import create_network
-from attnlab.tasks.base import BaseTask
+from attnlab.tasks.base import BaseTask, TokenizerInCheckpoint
 from attnlab.utils.media import log_table
 
 log = logging.getLogger("attnlab")
 
 
-class _LanguageModel(BaseTask):
+class _LanguageModel(TokenizerInCheckpoint, BaseTask):
     """What both objectives share: tokenizer in the checkpoint, loss/ppl metrics, checks against the data."""
 
     objective: str
@@ -37,20 +37,7 @@ class _LanguageModel(BaseTask):
             raise UserError(f"model.objective={objective}, but {type(self).__name__} trains the {self.objective} "
                             f"objective: set data.objective={self.objective} (model.objective follows it).")
         self.tokenizer_json = tokenizer
-        self._tokenizer: TextTokenizer | None = None
         self.metrics = torch.nn.ModuleDict({f"{s}_{m}": MeanMetric() for s in ("val", "test") for m in ("loss", "acc")})
-
-    @property
-    def tokenizer(self) -> TextTokenizer | None:
-        if self._tokenizer is None and self.tokenizer_json:
-            self._tokenizer = tokenizer_from_json(self.tokenizer_json)
-        return self._tokenizer
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["tokenizer"] = self.tokenizer_json
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
 
     def check_data(self, info: DataInfo) -> None:
         vocab, have = info.vocab_size, self.hparams.get("vocab_size")

@@ -1,0 +1,57 @@
+"""predict.py for text classifiers: the label of `text` (and its probability), printed; or of each line of `input`
+(a text file; a pair per line as `a<TAB>b` for pair tasks), written to predictions.csv."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+
+from attnlab.data.text_classification import PadBatch
+from attnlab.data.tokenizers import CLS, PAD, SEP
+from attnlab.errors import UserError
+
+
+def predict(model, cfg, run_cfg) -> list[dict]:
+    tok = model.tokenizer
+    if tok is None:
+        raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text classification data.")
+    if cfg.get("text"):
+        lines = [str(cfg.text)]
+    elif cfg.get("input"):
+        path = Path(str(cfg.input)).expanduser()
+        if not path.is_file():
+            raise UserError(f"input={path} does not exist: give a text file with one example per line, or "
+                            'text="a sentence".')
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        raise UserError('predict.py for a text classifier needs text="a sentence" or input=<file with one example '
+                        "per line (a<TAB>b for pairs)>.")
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    limit = int(model.hparams.max_length)
+    examples = []
+    for line in lines:
+        ids, segments = [cls_id], [0]
+        for s, part in enumerate(line.split("\t")[:2]):
+            enc = tok.encode(part.strip()) + [sep_id]
+            ids, segments = ids + enc, segments + [s] * len(enc)
+        examples.append({"ids": ids[:limit], "segments": segments[:limit], "label": 0, "text": line})
+    collate, batch_size, rows = PadBatch(tok.token_to_id(PAD)), int(cfg.get("batch_size") or 64), []
+    with torch.inference_mode():
+        for start in range(0, len(examples), batch_size):
+            batch = collate(examples[start:start + batch_size])
+            logits = model(*(batch[k].to(model.device) for k in ("input_ids", "attention_mask", "token_type_ids")))
+            probs, labels = logits.float().softmax(-1).max(-1)
+            for ex, p, i in zip(examples[start:start + batch_size], probs.tolist(), labels.tolist()):
+                rows.append({"text": ex["text"], "label": model.class_names[i], "probability": p})
+                print(f"{model.class_names[i]} ({p:.3f}): {ex['text']}", flush=True)
+    if cfg.get("input"):
+        out = Path(cfg.paths.output_dir) / "predictions.csv"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["text", "label", "probability"])
+            w.writeheader()
+            w.writerows(rows)
+        print(f"{len(rows)} prediction(s) written to {out}", flush=True)
+    return rows
