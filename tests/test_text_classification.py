@@ -135,6 +135,9 @@ def test_fine_tuning_starts_from_the_encoder_and_reads_with_its_tokenizer(mlm_ru
     assert ft["tokenizer"] == mlm["tokenizer"]  # the data was read with the pretrained vocabulary
     scales = sorted({g["lr_scale"] for g in ft["optimizer_states"][0]["param_groups"]})
     assert scales == pytest.approx([0.8**3, 0.8**2, 0.8, 1.0])  # embeddings, 2 blocks, head
+    media = tmp_path / "ft" / "media"
+    assert (media / "test_confusion.png").stat().st_size > 5_000
+    assert (media / "test_errors.csv").read_text().splitlines()[0] == "text,label,predicted"
 
 
 def test_linear_probe_keeps_the_encoder(mlm_run, small_data, tmp_path):

@@ -247,13 +247,18 @@ def _traced_step(task, batch, autocast_dtype) -> int:
 
 def sample_batch(dm):
     """The first batch of the training loader, collated in this process (no workers), without moving the loader's
-    random state: the run draws the same batches as without the estimate."""
+    random state: the run draws the same batches as without the estimate. A sampler of batches of varying length
+    (length bucketing: it has `lengths`) gives its largest batch instead, padded length x size."""
     with torch.random.fork_rng(devices=[]):
         loader = dm.train_dataloader()
         sampler = loader.batch_sampler
         if sampler is None:
             return None  # an iterable dataset that batches itself
-        indices = next(iter(sampler))
+        lengths = getattr(sampler, "lengths", None)
+        if lengths is not None:
+            indices = max(iter(sampler), key=lambda b: len(b) * int(max(lengths[i] for i in b)))
+        else:
+            indices = next(iter(sampler))
         return loader.collate_fn([loader.dataset[i] for i in indices])
 
 

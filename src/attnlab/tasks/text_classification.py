@@ -2,24 +2,26 @@
 from the encoder of a masked-LM pretraining run (`model.init_from`).
 
 Metrics: `train/loss`, `val/loss`, `val/acc`, `val/acc_best`, `val/f1` (binary tasks: F1 of the positive class,
-the higher label), and the same under `test/`; at test, a table of misclassified examples (`test/errors`).
+the higher label), and the same under `test/`; at test, the confusion matrix (`<run dir>/media/test_confusion.png`)
+and the misclassified examples (`test_errors.csv`), also to W&B (`test/confusion_matrix`, `test/errors`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
-from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy
+from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassConfusionMatrix
 
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
 from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask, TokenizerInCheckpoint
 from attnlab.types import Fraction, NonNegativeInt
-from attnlab.utils.media import log_table
+from attnlab.utils.media import log_image, log_table
 
 
 class TextClassifier(TokenizerInCheckpoint, BaseTask):
@@ -53,6 +55,7 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self.accs = torch.nn.ModuleDict({s: MulticlassAccuracy(num_classes, average="micro") for s in ("val", "test")})
         self.f1s = torch.nn.ModuleDict({s: BinaryF1Score() for s in ("val", "test")}) if num_classes == 2 else None
+        self.test_cm = MulticlassConfusionMatrix(num_classes)
         self._errors: list[list] = []
 
     # ---- what travels in the checkpoint: the tokenizer (TokenizerInCheckpoint)
@@ -111,6 +114,7 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
 
     def test_step(self, batch, batch_idx):
         pred = self._eval_step("test", batch)
+        self.test_cm.update(pred, batch["labels"])
         wrong = (pred != batch["labels"]).nonzero().flatten().tolist()
         for i in wrong[: max(0, self.hparams.num_errors - len(self._errors))]:
             self._errors.append([batch["text"][i], self.class_names[int(batch["labels"][i])],
@@ -132,9 +136,30 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
 
     def on_test_epoch_end(self) -> None:
         self._eval_end("test")
-        if self._errors and self.trainer.is_global_zero:
-            log_table(self.trainer, "test/errors", ["text", "label", "predicted"], self._errors)
+        cm = self.test_cm.compute()  # synced across processes
+        self.test_cm.reset()
+        if self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            self.write_test_media(cm)
         self._errors = []
+
+    def write_test_media(self, cm: torch.Tensor) -> None:
+        """<run dir>/media/test_confusion.png and test_errors.csv (misclassified examples), also sent to W&B."""
+        import csv
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        out = Path(self.trainer.default_root_dir) / "media"
+        out.mkdir(parents=True, exist_ok=True)
+        fig, _ = MulticlassConfusionMatrix(len(self.class_names)).plot(cm.cpu(), labels=self.class_names)
+        fig.savefig(out / "test_confusion.png", dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        log_image(self.trainer, "test/confusion_matrix", out / "test_confusion.png")
+        with open(out / "test_errors.csv", "w", newline="") as f:
+            csv.writer(f).writerows([["text", "label", "predicted"], *self._errors])
+        log_table(self.trainer, "test/errors", ["text", "label", "predicted"], self._errors)
 
     @staticmethod
     def batch_size_of(batch: Any) -> int:

@@ -141,6 +141,9 @@ class Translator(BaseTask):
             self._outputs["src"].extend(batch["src_text"])
 
     def validation_step(self, batch, batch_idx):
+        if batch_idx == 0 and self._fixed is None and self.hparams.num_alignments:
+            k = int(self.hparams.num_alignments)  # evaluation batches come in a fixed order: the same each epoch
+            self._fixed = {"src": batch["src"][:k].detach().cpu(), "src_text": list(batch["src_text"][:k])}
         self._eval_step("val", batch, int(self.decode_cfg["val_beam_size"]))
 
     def test_step(self, batch, batch_idx):
@@ -211,20 +214,8 @@ class Translator(BaseTask):
                         attn[:, : len(real)]))
         return out
 
-    def _fixed_sentences(self) -> dict | None:
-        """The first num_alignments sentences of the validation set, padded into one batch."""
-        if self._fixed is None:
-            ds = getattr(self.trainer.datamodule, "val_set", None)
-            if ds is None or not len(ds):
-                return None
-            items = [ds[i] for i in range(min(int(self.hparams.num_alignments), len(ds)))]
-            src = torch.nn.utils.rnn.pad_sequence([it["src"] for it in items], batch_first=True,
-                                                  padding_value=self.hparams.pad_id)
-            self._fixed = {"src": src, "src_text": [it["src_text"] for it in items]}
-        return self._fixed
-
     def draw_alignments(self) -> None:
-        if getattr(self.net.config, "attention", "transformer") == "none" or self._fixed_sentences() is None:
+        if getattr(self.net.config, "attention", "transformer") == "none" or self._fixed is None:
             return  # nothing to draw: no attention
         from attnlab.utils.alignment import plot_alignment
 
