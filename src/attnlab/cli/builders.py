@@ -13,9 +13,9 @@ from hydra.utils import get_class
 from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.data.info import DataInfo
 from attnlab.checkpoints import newest_last, read_checkpoint
 from attnlab.config import constructor_kwargs, import_user_modules, named_parameters
+from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -100,9 +100,9 @@ def build_task(cfg: DictConfig, dm) -> Any:
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
     takes = named_parameters(task_cls)
     # the data's objects (tokenizers, class names, ...) for the parameters the task names and the config leaves empty
-    extras = {k: v for k, v in data_info(dm).task_arguments().items() if k in takes and kwargs.get(k) is None}
+    kwargs |= {k: v for k, v in data_info(dm).task_arguments().items() if k in takes and kwargs.get(k) is None}
     if issubclass(task_cls, BaseTask):
-        return check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler, **extras), dm)
+        return check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), dm)
     if optimizer and "optimizer" in takes:
         opt_kwargs, platform = constructor_kwargs("optimizer", optimizer, object)
         used = {k: v for k, v in platform.items() if v is not None}
@@ -115,7 +115,6 @@ def build_task(cfg: DictConfig, dm) -> Any:
         kwargs["optimizer"] = instantiate(opt_kwargs | {"_partial_": True})
     if scheduler and "scheduler" in takes:
         kwargs["scheduler"] = instantiate(scheduler | {"_partial_": True})
-    kwargs |= extras
     return instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}", **kwargs}, _convert_="all")
 
 

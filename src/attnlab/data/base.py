@@ -6,10 +6,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from attnlab.data.info import DataInfo
 from attnlab.data.samplers import EpochShuffleSampler, ResumableDataLoader
 from attnlab.errors import UserError
 from attnlab.types import NonNegativeInt, PositiveInt
-from attnlab.data.info import DataInfo
 
 
 def split_by_fraction(n: int, fractions: list[float], seed: int) -> list[list[int]]:

@@ -11,10 +11,10 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule
+from attnlab.data.info import DataInfo
 from attnlab.data.transforms import eval_transform, train_transform
 from attnlab.errors import UserError
 from attnlab.types import Fraction, PositiveInt
-from attnlab.data.info import DataInfo
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 

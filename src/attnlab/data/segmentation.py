@@ -18,9 +18,9 @@ from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule, split_by_fraction
 from attnlab.data.images import IMAGE_EXTENSIONS
+from attnlab.data.info import DataInfo
 from attnlab.data.seg_transforms import IGNORE_INDEX, eval_pair_transform, train_pair_transform
 from attnlab.errors import UserError
-from attnlab.data.info import DataInfo
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
 _MASK_MODES = {"1", "L", "P"}

@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key
+from attnlab.data.info import DataInfo
 from attnlab.data.lm_datasets import (MaskingCollator, PackedSequences, RandomStarts, Windows, fixed_starts,
                                       pack_spans)
 from attnlab.data.text_sources import OBJECTIVES, SEPARATOR, Source, file_source, hub_source
@@ -32,7 +33,6 @@ from attnlab.data.token_arrays import TokenArray, tokenize_to_disk
 from attnlab.data.tokenizers import CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer
 from attnlab.errors import UserError
 from attnlab.types import Encoding, Fraction, PositiveInt, UnitInterval
-from attnlab.data.info import DataInfo
 
 log = logging.getLogger("attnlab")
 
