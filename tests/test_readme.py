@@ -31,7 +31,7 @@ from fixtures import caption_pairs
 README = ROOT / "README.md"
 MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account")
 MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
-ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
+ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict", "export.py": "export",
          "attnlab.train": "train", "attnlab.eval": "eval", "attnlab.predict": "predict"}
 # a few steps of each run: train.py gets these (what a key the config lacks would need is left out)
 TRAIN_BUDGET = {"trainer.max_steps": 2, "trainer.limit_train_batches": 2, "trainer.limit_val_batches": 1,
@@ -198,6 +198,8 @@ class Runner:
             args = quote_free_text(args)
         elif entry == "eval":
             from attnlab.cli.eval import evaluate as fn
+        elif entry == "export":
+            from attnlab.cli.export import export as fn
         else:
             from attnlab.cli.training import train as fn
         cfg = self.compose(entry, args)

@@ -198,3 +198,28 @@ def test_sst2_from_scratch_learns_above_the_majority_class(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["test/acc"] > 0.65, metrics  # 75% measured; the majority class is 50.9%
     assert "test/f1" in metrics
+
+
+# ---- export
+
+def test_export_writes_weights_config_and_tokenizer_that_rebuild_the_network(mlm_run, tmp_path):
+    from safetensors.torch import load_model
+    from tokenizers import Tokenizer
+
+    from attnlab.cli.export import export
+    from attnlab.nn.registry import create_network
+    from attnlab.tasks.language_model import MaskedLM
+
+    ckpt = mlm_run / "checkpoints" / "last.ckpt"
+    out = export(compose_cfg([f"ckpt_path={ckpt}", "format=safetensors"], tmp_path / "exp", config_name="export"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["net"] == "bert" and config["settings"]["n_layer"] == 2
+    net, _ = create_network(config["net"], config["settings"])
+    load_model(net, str(out / "model.safetensors"))
+    task = MaskedLM.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False).eval()
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    assert torch.allclose(net.eval()(ids), task.net(ids), atol=1e-6)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))  # HF tokenizers' own format
+    assert tok.get_vocab_size() == task.tokenizer.vocab_size
+    with pytest.raises(UserError, match=r"format=onnx is not an export format attnlab writes: use safetensors"):
+        export(compose_cfg([f"ckpt_path={ckpt}", "format=onnx"], tmp_path / "bad", config_name="export"))

@@ -1,0 +1,95 @@
+"""python export.py ckpt_path=<path|last> format=safetensors
+
+Writes, in the run's output folder: `model.safetensors` (the network's weights, `task.net`), `config.json` (the task,
+the registered network `net` and the settings that rebuild it: `create_network(config["net"], config["settings"])`
+from attnlab.nn.registry, then `safetensors.torch.load_model`), and the tokenizer(s) the checkpoint carries
+(`tokenizer.json` in HF `tokenizers`' format, or `src_tokenizer.json` / `tgt_tokenizer.json` for translation;
+a character tokenizer is attnlab's own JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from attnlab.config import CONF_DIR, register_resolvers
+
+register_resolvers()
+
+FORMATS = ("safetensors",)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
+def _main(cfg: DictConfig):
+    from attnlab.cli.app import run_app
+
+    return run_app(export, cfg)
+
+
+def main():
+    import sys
+
+    from attnlab.cli.app import check_output_paths, fail_before_hydra
+
+    fail_before_hydra(check_output_paths, sys.argv[1:])
+    return _main()
+
+
+def export(cfg: DictConfig) -> Path:
+    import inspect
+
+    import torch
+    from safetensors.torch import save_model
+
+    from attnlab.cli import builders
+    from attnlab.errors import UserError
+    from attnlab.nn.registry import network_settings
+
+    fmt = str(cfg.get("format"))
+    if fmt not in FORMATS:
+        raise UserError(f"format={fmt} is not an export format attnlab writes: use {' or '.join(FORMATS)}.")
+    ckpt = builders.required_checkpoint(cfg, "export.py")
+    meta = builders.read_run_metadata(ckpt)
+    model = builders.load_task(ckpt, meta)
+    net = getattr(model, "net", None)
+    if not isinstance(net, torch.nn.Module):
+        raise UserError(f"export.py writes a task's network (its `net` attribute); {type(model).__qualname__} has "
+                        "none. Keep the network in `self.net`, or export the checkpoint's state_dict yourself.")
+    hparams = dict(model.hparams)
+    name = hparams.get("net")
+    if name is None:  # a task whose network has a default name (checkpoints from before `net`)
+        param = inspect.signature(type(model).__init__).parameters.get("net")
+        name = param.default if param is not None and param.default is not param.empty else None
+    known = network_settings(name) if isinstance(name, str) else {}
+    settings = {k: hparams[k] for k in known if k in hparams}
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(net, str(out / "model.safetensors"), metadata={"format": "pt", "attnlab_net": str(name)})
+    config = {"task": meta["config"]["model"]["_target_"], "net": name, "settings": _jsonable(settings)}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    written = [out / "model.safetensors", out / "config.json"]
+    tokenizers = getattr(model, "tokenizer_json", None)
+    named = ({"tokenizer": tokenizers} if isinstance(tokenizers, str)
+             else dict(zip(("src_tokenizer", "tgt_tokenizer"), tokenizers or ())))
+    for key, text in named.items():
+        if text:
+            data = json.loads(text)
+            (out / f"{key}.json").write_text(json.dumps(data.get("tokenizer", data)))
+            written.append(out / f"{key}.json")
+    print(f"exported {ckpt} ({type(net).__name__}, {sum(p.numel() for p in net.parameters()):,} parameters): "
+          + ", ".join(str(p) for p in written), flush=True)
+    return out
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+
+
+if __name__ == "__main__":
+    main()
