@@ -50,6 +50,24 @@ def main():
     return _main()
 
 
+def text_lines(cfg: DictConfig, model_kind: str, per_line: str = "sentence") -> list[str]:
+    """The texts a text model predicts for: `text="..."`, or the lines of the file `input`."""
+    from pathlib import Path
+
+    from attnlab.errors import UserError
+
+    if cfg.get("text"):
+        return [str(cfg.text)]
+    if not cfg.get("input"):
+        raise UserError(f'predict.py for {model_kind} needs text="a sentence" or input=<file with one {per_line} '
+                        "per line>.")
+    path = Path(str(cfg.input)).expanduser()
+    if not path.is_file():
+        raise UserError(f"input={path} does not exist: give a text file with one {per_line} per line, or "
+                        'text="a sentence".')
+    return path.read_text(encoding="utf-8").splitlines()
+
+
 def predictor_for(task_cls: type) -> Callable:
     """The predict function of a task class: its `predictor` (a dotted path), else attnlab's module of that name."""
     from attnlab.errors import UserError

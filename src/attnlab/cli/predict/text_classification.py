@@ -10,6 +10,7 @@ import torch
 
 from attnlab.data.text_classification import PadBatch
 from attnlab.data.tokenizers import CLS, PAD, SEP
+from attnlab.cli.predict import text_lines
 from attnlab.errors import UserError
 
 
@@ -17,17 +18,7 @@ def predict(model, cfg, run_cfg) -> list[dict]:
     tok = model.tokenizer
     if tok is None:
         raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text classification data.")
-    if cfg.get("text"):
-        lines = [str(cfg.text)]
-    elif cfg.get("input"):
-        path = Path(str(cfg.input)).expanduser()
-        if not path.is_file():
-            raise UserError(f"input={path} does not exist: give a text file with one example per line, or "
-                            'text="a sentence".')
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
-        raise UserError('predict.py for a text classifier needs text="a sentence" or input=<file with one example '
-                        "per line (a<TAB>b for pairs)>.")
+    lines = [t for t in text_lines(cfg, "a text classifier", "example (a<TAB>b for pairs)") if t.strip()]
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
     limit = int(model.hparams.max_length)
     examples = []

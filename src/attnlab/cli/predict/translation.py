@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
+from attnlab.cli.predict import text_lines
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -15,17 +15,7 @@ log = logging.getLogger("attnlab")
 def predict(model, cfg, run_cfg) -> list[str]:
     if model.tokenizers is None:
         raise UserError("this checkpoint holds no tokenizers: retrain with attnlab's translation data.")
-    if cfg.get("text"):
-        lines = [str(cfg.text)]
-    elif cfg.get("input"):
-        path = Path(str(cfg.input)).expanduser()
-        if not path.is_file():
-            raise UserError(f"input={path} does not exist: give a text file with one sentence per line, or "
-                            'text="a sentence".')
-        lines = path.read_text(encoding="utf-8").splitlines()
-    else:
-        raise UserError('predict.py for a translation model needs text="a sentence" or input=<file with one '
-                        "sentence per line>.")
+    lines = text_lines(cfg, "a translation model")
     model.decode_cfg |= {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
     src_tok = model.tokenizers[0]
     clean = _legacy_cleaning(src_tok, run_cfg)
