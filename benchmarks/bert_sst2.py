@@ -17,6 +17,7 @@ Reads $ATTNLAB_DATA_DIR/sst2 (default: ../shared/data); writes the runs and bert
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -34,6 +35,9 @@ def main() -> None:
     p.add_argument("--mlm-steps", type=int, default=1000)
     p.add_argument("--steps", type=int, default=2000, help="fine-tuning optimizer steps, every row")
     p.add_argument("--no-probe", action="store_true", help="leave out the linear probe")
+    p.add_argument("--pretrain-each-seed", action="store_true",
+                   help="one masked-LM run per seed (default: the first seed's pretraining serves every seed)")
+    p.add_argument("--keep", action="store_true", help="reuse the finished runs (metrics.json) under --out")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_intermixed_args()
     os.environ.setdefault("ATTNLAB_DATA_DIR", str(ROOT.parent / "shared" / "data"))
@@ -41,17 +45,29 @@ def main() -> None:
     common = ["data.num_workers=0", "logger=csv", *args.overrides]
     rows: dict[str, list[tuple[dict, float]]] = {"from scratch": [], "MLM → fine-tune": [], "MLM → linear probe": []}
     mlm_times, mlm_metrics = [], []
+
+    def run_once(name: str, overrides: list[str]) -> tuple[dict, float]:
+        done = args.out / name / "metrics.json"
+        if args.keep and done.exists() and (args.out / f"{name}.time").exists():
+            return json.loads(done.read_text()), float((args.out / f"{name}.time").read_text())
+        metrics, elapsed = run(name, args.out, overrides)
+        (args.out / f"{name}.time").write_text(f"{elapsed:.1f}\n")
+        return metrics, elapsed
+
     for seed in args.seeds:
         s = [f"seed={seed}", *common]
         ft = ["experiment=bert_sst2_finetune", f"trainer.max_steps={args.steps}", *s]
-        rows["from scratch"].append(run(f"scratch_s{seed}", args.out, [*ft, "model.init_from=null"]))
-        m, t = run(f"mlm_s{seed}", args.out, ["experiment=bert_sst2_mlm", f"trainer.max_steps={args.mlm_steps}", *s])
-        mlm_metrics.append(m)
-        mlm_times.append(t)
-        ckpt = args.out / f"mlm_s{seed}" / "checkpoints" / "last.ckpt"
-        rows["MLM → fine-tune"].append(run(f"finetune_s{seed}", args.out, [*ft, f"model.init_from={ckpt}"]))
+        rows["from scratch"].append(run_once(f"scratch_s{seed}", [*ft, "model.init_from=null"]))
+        mlm_seed = seed if args.pretrain_each_seed else args.seeds[0]
+        if args.pretrain_each_seed or seed == args.seeds[0]:
+            m, t = run_once(f"mlm_s{mlm_seed}", ["experiment=bert_sst2_mlm", f"trainer.max_steps={args.mlm_steps}",
+                                                 f"seed={mlm_seed}", *common])
+            mlm_metrics.append(m)
+            mlm_times.append(t)
+        ckpt = args.out / f"mlm_s{mlm_seed}" / "checkpoints" / "last.ckpt"
+        rows["MLM → fine-tune"].append(run_once(f"finetune_s{seed}", [*ft, f"model.init_from={ckpt}"]))
         if not args.no_probe:
-            rows["MLM → linear probe"].append(run(f"probe_s{seed}", args.out, [
+            rows["MLM → linear probe"].append(run_once(f"probe_s{seed}", [
                 *ft, f"model.init_from={ckpt}", "model.freeze_backbone=true", "optimizer.layer_decay=null",
                 "optimizer.lr=1e-3"]))
 
@@ -63,7 +79,9 @@ def main() -> None:
         f"{args.steps} fine-tuning steps of batch 32 for every row; seeds {', '.join(map(str, args.seeds))}; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'all')}.",
         "",
-        f"Masked-LM pretraining on SST-2's training sentences: {args.mlm_steps} steps, "
+        f"Masked-LM pretraining on SST-2's training sentences "
+        f"({'one run per seed' if args.pretrain_each_seed else f'one run, seed {args.seeds[0]}, for every seed'}): "
+        f"{args.mlm_steps} steps, "
         f"{statistics.mean(mlm_times) / 60:.1f} min, val masked-token accuracy "
         f"{pct([m['val/acc'] for m in mlm_metrics])}%.",
         "",

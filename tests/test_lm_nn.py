@@ -74,6 +74,8 @@ def test_padding_mask_hides_padded_keys():
     logits = bert(ids, torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
     alone = bert(ids[:1, :3], torch.ones(1, 3))
     assert torch.allclose(logits[0, :3], alone[0], atol=1e-5)
+    at = torch.tensor([[False, True, False, False, False], [True, False, False, True, False]])
+    assert torch.allclose(bert(ids, torch.ones(2, 5), at), bert(ids, torch.ones(2, 5))[at], atol=1e-5)
 
 
 def test_cross_attention_reads_the_context():

@@ -76,7 +76,9 @@ class BertEncoder(StackAccounting, nn.Module):
 
 @register_network("bert", config=BertConfig)
 class BertMLM(BertEncoder):
-    """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size)."""
+    """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size); with
+    `positions` (B, T) bool, only those positions' logits (N, vocab_size): the masked ones of a pretraining batch,
+    which spares the vocabulary projection at the other 85% of the tokens."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -90,10 +92,13 @@ class BertMLM(BertEncoder):
         if c.tie_weights:
             self.decoder.weight = self.embed.wte.weight
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.encode(input_ids, attention_mask)
-        h = self.head_norm(F.gelu(self.head_dense(h)))                     # (B, T, C)
-        return self.decoder(h) + self.decoder_bias                         # (B, T, V)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encode(input_ids, attention_mask)                         # (B, T, C)
+        if positions is not None:
+            h = h[positions]                                               # (N, C)
+        h = self.head_norm(F.gelu(self.head_dense(h)))
+        return self.decoder(h) + self.decoder_bias                         # (B, T, V) or (N, V)
 
 
 @register_network("bert_classifier", config=BertClassifierConfig)

@@ -199,17 +199,18 @@ class MaskedLM(_LanguageModel):
         self._init_common(tokenizer, objective)
         self._sample_batch: dict | None = None
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.run_net(input_ids, attention_mask)             # (B, T, V)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.run_net(input_ids, attention_mask, positions)  # (B, T, V), or (N, V) at `positions`
 
     def _step(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits = self(batch["input_ids"], batch["attention_mask"])  # (B, T, V)
         labels = batch["labels"]                                    # (B, T), -100 where not masked
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)
         masked = labels != -100
-        n = masked.sum()
-        acc = (logits.argmax(-1)[masked] == labels[masked]).float().mean()
-        return loss, acc, n, logits
+        logits = self(batch["input_ids"], batch["attention_mask"], masked)  # (N, V): the masked positions only
+        target = labels[masked]                                     # (N,)
+        loss = F.cross_entropy(logits, target)
+        acc = (logits.argmax(-1) == target).float().mean()
+        return loss, acc, masked.sum(), logits
 
     def training_step(self, batch, batch_idx):
         loss, _, _, _ = self._step(batch)
@@ -221,7 +222,9 @@ class MaskedLM(_LanguageModel):
         self._eval_update("val", loss, n.float(), acc)
         if batch_idx == 0:
             k = min(int(self.hparams.num_samples or 0), logits.shape[0])
-            self._sample_batch = {key: v[:k].detach() for key, v in batch.items()} | {"pred": logits[:k].argmax(-1)}
+            pred = torch.full_like(batch["labels"], -100)
+            pred[batch["labels"] != -100] = logits.argmax(-1)
+            self._sample_batch = {key: v[:k].detach() for key, v in batch.items()} | {"pred": pred[:k]}
 
     def test_step(self, batch, batch_idx):
         loss, acc, n, _ = self._step(batch)
