@@ -65,6 +65,22 @@ def init_tokenizer(cfg: DictConfig) -> str | None:
     return reader(str(init_from)) if callable(reader) else None
 
 
+def init_settings(cfg: DictConfig, task_cls: type) -> dict:
+    """The network settings the weights `model.init_from` names fix (the task's `init_settings`: e.g. the sizes in
+    an hf:<...> folder's config.json), written into cfg.model too, so the run's config.yaml says what was built."""
+    init_from, reader = cfg.model.get("init_from"), getattr(task_cls, "init_settings", None)
+    if not init_from or not callable(reader):
+        return {}
+    settings = reader(str(init_from))
+    changed = {k: v for k, v in settings.items() if cfg.model.get(k) != v}
+    if changed:
+        log.info("model.init_from=%s sets %s", init_from, ", ".join(f"model.{k}={v}" for k, v in changed.items()))
+        with open_dict(cfg.model):
+            for k, v in changed.items():
+                cfg.model[k] = v
+    return settings
+
+
 def data_info(dm) -> DataInfo:
     """What a prepared data module tells the model (attnlab.data.info); a user's LightningDataModule without
     `info()` tells nothing."""
@@ -95,6 +111,7 @@ def build_task(cfg: DictConfig, dm) -> Any:
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     task_cls = _target_class(model_cfg.pop("_target_", None), "model")
+    model_cfg |= init_settings(cfg, task_cls)
     kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None

@@ -1,6 +1,9 @@
-"""python export.py ckpt_path=<path|last> format=safetensors
+"""python export.py ckpt_path=<path|last> format=safetensors|hf
 
-Writes, in the run's output folder: `model.safetensors` (the network's weights, `task.net`), `config.json` (the task,
+format=hf (BERT and GPT checkpoints): a folder transformers loads with from_pretrained (BertForMaskedLM,
+BertForSequenceClassification, GPT2LMHeadModel, GPT2ForSequenceClassification; attnlab.transfer.hf_export).
+
+format=safetensors (any task) writes, in the run's output folder: `model.safetensors` (the network's weights, `task.net`), `config.json` (the task,
 the registered network `net` and the settings that rebuild it: `create_network(config["net"], config["settings"])`
 from attnlab.nn.registry, then `safetensors.torch.load_model`), and the tokenizer(s) the checkpoint carries
 (`tokenizer.json` in HF `tokenizers`' format, or `src_tokenizer.json` / `tgt_tokenizer.json` for translation;
@@ -18,7 +21,7 @@ from attnlab.config import CONF_DIR, register_resolvers
 
 register_resolvers()
 
-FORMATS = ("safetensors",)
+FORMATS = ("safetensors", "hf")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
@@ -65,6 +68,13 @@ def export(cfg: DictConfig) -> Path:
     known = network_settings(name) if isinstance(name, str) else {}
     settings = {k: hparams[k] for k in known if k in hparams}
     out = Path(cfg.paths.output_dir)
+    if fmt == "hf":
+        from attnlab.transfer.hf_export import export_hf
+
+        written = export_hf(model, out)
+        print(f"exported {ckpt} ({type(net).__name__}) for transformers' from_pretrained: "
+              + ", ".join(str(p) for p in written), flush=True)
+        return out
     out.mkdir(parents=True, exist_ok=True)
     save_model(net, str(out / "model.safetensors"), metadata={"format": "pt", "attnlab_net": str(name)})
     config = {"task": meta["config"]["model"]["_target_"], "net": name, "settings": _jsonable(settings)}

@@ -30,7 +30,8 @@ from attnlab.data.lm_datasets import (MaskingCollator, PackedSequences, RandomSt
                                       pack_spans)
 from attnlab.data.text_sources import OBJECTIVES, SEPARATOR, Source, file_source, hub_source
 from attnlab.data.token_arrays import TokenArray, tokenize_to_disk
-from attnlab.data.tokenizers import CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer
+from attnlab.data.tokenizers import (CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
+                                     tokenizer_from_json)
 from attnlab.errors import UserError
 from attnlab.types import Encoding, Fraction, PositiveInt, UnitInterval
 
@@ -103,7 +104,13 @@ class TextDataModule(BaseDataModule):
         self.mlm_probability, self.train_samples_per_epoch = float(mlm_probability), train_samples_per_epoch
         self.cache_dir, self.download_hint = Path(cache_dir), download_hint
         self.tokenizer: TextTokenizer | None = None
+        self.given_tokenizer: str | None = None
         self.token_arrays: dict[str, TokenArray] = {}
+
+    def use_tokenizer(self, tokenizer_json: str) -> None:
+        """The tokenizer of the weights the run starts from (model.init_from; the entry point hands it over before
+        setup): the text is read with it instead of a trained or named one."""
+        self.given_tokenizer = tokenizer_json
 
     # ---- what flows into the model config and the task
     def info(self) -> DataInfo:
@@ -185,10 +192,13 @@ class TextDataModule(BaseDataModule):
                 yield from s.docs()
 
         separator = SEPARATOR if any(s.records for s in src.values()) else ""
-        self.tokenizer, tok_key = build_tokenizer(
-            self.tokenizer_kind, cache_key(corpus), self._train_texts(src["train"], train_fraction), all_texts,
-            self.cache_dir, self.tokenizer_vocab_size, self._specials(), self.lowercase, self.min_frequency,
-            self.pretrained_tokenizer, extra_chars=separator)
+        if self.given_tokenizer:
+            self.tokenizer, tok_key = tokenizer_from_json(self.given_tokenizer), cache_key(self.given_tokenizer)
+        else:
+            self.tokenizer, tok_key = build_tokenizer(
+                self.tokenizer_kind, cache_key(corpus), self._train_texts(src["train"], train_fraction), all_texts,
+                self.cache_dir, self.tokenizer_vocab_size, self._specials(), self.lowercase, self.min_frequency,
+                self.pretrained_tokenizer, extra_chars=separator)
         eot = self.tokenizer.token_to_id(EOT)
         folder = self.cache_dir / "text" / f"{self.name}-{cache_key([corpus, tok_key])}"
         arrays = {}

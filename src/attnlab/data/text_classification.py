@@ -26,7 +26,7 @@ from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.info import DataInfo
 from attnlab.data.parallel_sets import BucketBatchSampler
-from attnlab.data.tokenizers import CLS, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer, tokenizer_from_json
+from attnlab.data.tokenizers import CLS, EOT, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.types import Encoding, PositiveInt
 
@@ -80,17 +80,19 @@ class Encoded(Dataset):
 class PadBatch:
     """Pads a list of examples to the longest: input_ids, attention_mask, token_type_ids (B, T), labels (B,)."""
 
-    def __init__(self, pad_id: int):
-        self.pad_id = pad_id
+    def __init__(self, pad_id: int | None):
+        self.pad_id = pad_id or 0  # GPT-2's vocabulary has no padding token: the mask alone marks the padding
 
     def __call__(self, items: list[dict]) -> dict[str, Any]:
         T = max(len(it["ids"]) for it in items)
         ids = torch.full((len(items), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), T), dtype=torch.long)
         segments = torch.zeros((len(items), T), dtype=torch.long)
         for i, it in enumerate(items):
             ids[i, :len(it["ids"])] = torch.tensor(it["ids"])
+            mask[i, :len(it["ids"])] = 1
             segments[i, :len(it["segments"])] = torch.tensor(it["segments"])
-        return {"input_ids": ids, "attention_mask": (ids != self.pad_id).long(), "token_type_ids": segments,
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments,
                 "labels": torch.tensor([it["label"] for it in items]), "text": [it["text"] for it in items]}
 
 
@@ -168,17 +170,22 @@ class TextClassificationDataModule(BaseDataModule):
         return tok
 
     def _encode(self, split: str) -> Encoded:
+        """BERT's layout where the vocabulary has [CLS]: [CLS] a [SEP] (b [SEP]), segments 0 (1); a decoder's
+        (GPT-2's vocabulary): a (<|endoftext|> b), the classifier reading the last token."""
         tok, rows = self.tokenizer, self.rows[split]
-        cls_id, sep_id = (tok.special_id(t, "sentence classification") for t in (CLS, SEP))
+        cls_id = tok.token_to_id(CLS)
+        sep_id = tok.token_to_id(SEP) if cls_id is not None else tok.token_to_id(EOT)
         columns = [tok.encode_batch([r[c] for r in rows]) for c in self.text_columns]
-        budget = self.max_length - 1 - len(columns)  # [CLS] and one [SEP] per text
+        ends = [[sep_id] if cls_id is not None or (sep_id is not None and s < len(columns) - 1) else []
+                for s in range(len(columns))]
+        budget = self.max_length - (cls_id is not None) - sum(map(len, ends))
         ids, segments = [], []
         for parts in zip(*columns):
             parts = _truncate(list(parts), budget)
-            seq, seg = [cls_id], [0]
+            seq, seg = ([cls_id], [0]) if cls_id is not None else ([], [])
             for s, part in enumerate(parts):
-                seq += part + [sep_id]
-                seg += [s] * (len(part) + 1)
+                seq += part + ends[s]
+                seg += [s] * (len(part) + len(ends[s]))
             ids.append(seq)
             segments.append(seg)
         index = {name: i for i, name in enumerate(self.class_names)}

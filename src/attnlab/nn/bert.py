@@ -27,6 +27,7 @@ class BertConfig(StackConfig):
     dropout: Fraction = 0.1
     bias: bool = True
     norm_position: Literal["pre", "post"] = "post"  # post (BERT) | pre
+    type_vocab_size: NonNegativeInt = 0   # segment (token type) embeddings, segment 0 where none are given
 
 
 @dataclass
@@ -41,28 +42,28 @@ class BertEncoder(StackAccounting, nn.Module):
 
     context_length = "max_length"
 
-    def __init__(self, config: BertConfig, type_vocab_size: int = 0):
+    def __init__(self, config: BertConfig):
         super().__init__()
         self.config = c = config
         self.embed = TokenPositionEmbedding(c.vocab_size, c.n_embd, c.max_length, c.positional, c.n_head, 0.0)
         # segment embeddings start at zero: an encoder pretrained without them computes what it did
-        self.segment = nn.Embedding(type_vocab_size, c.n_embd) if type_vocab_size else None
-        self.embed_norm = make_norm(c.norm, c.n_embd, c.bias)
+        self.segment = nn.Embedding(c.type_vocab_size, c.n_embd) if c.type_vocab_size else None
+        self.embed_norm = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps)
         self.drop = nn.Dropout(c.dropout)
         hidden = int(c.ffn_mult * c.n_embd)
         self.blocks = nn.ModuleList(
             Block(c.n_embd, c.n_head, hidden, c.ffn, c.dropout, c.bias, c.norm, c.norm_position, self.embed.rotary,
-                  alibi=self.embed.alibi)
+                  alibi=self.embed.alibi, norm_eps=c.norm_eps)
             for _ in range(c.n_layer)
         )
-        self.norm_f = make_norm(c.norm, c.n_embd, c.bias) if c.norm_position == "pre" else nn.Identity()
+        self.norm_f = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps) if c.norm_position == "pre" else nn.Identity()
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         check_length(input_ids.shape[1], self.config.max_length, "model.max_length")
         x = self.embed(input_ids)                                          # (B, T, C)
-        if self.segment is not None and token_type_ids is not None:
-            x = x + self.segment(token_type_ids)
+        if self.segment is not None:  # no token_type_ids: every token in segment 0 (as in BERT)
+            x = x + (self.segment(token_type_ids) if token_type_ids is not None else self.segment.weight[0])
         x = self.drop(self.embed_norm(x))
         pad = attention_mask.bool() if attention_mask is not None else None
         for block in self.blocks:
@@ -85,7 +86,7 @@ class BertMLM(BertEncoder):
         c = config
         # MLM head: transform (dense + gelu + norm), then a decoder tied to the token embedding, with its own bias
         self.head_dense = nn.Linear(c.n_embd, c.n_embd)
-        self.head_norm = make_norm(c.norm, c.n_embd, c.bias)
+        self.head_norm = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps)
         self.decoder = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.decoder_bias = nn.Parameter(torch.zeros(c.vocab_size))
         init_gpt2_(self, c.n_layer)
@@ -95,9 +96,10 @@ class BertMLM(BertEncoder):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         h = self.encode(input_ids, attention_mask)                         # (B, T, C)
+        c = self.config
         if positions is not None:
             h = h[positions]                                               # (N, C)
-        h = self.head_norm(F.gelu(self.head_dense(h)))
+        h = self.head_norm(F.gelu(self.head_dense(h), approximate="tanh" if c.ffn == "gelu_tanh" else "none"))
         return self.decoder(h) + self.decoder_bias                         # (B, T, V) or (N, V)
 
 
@@ -107,7 +109,7 @@ class BertClassifier(BertEncoder):
     state through BERT's pooler (dense + tanh) and a linear head."""
 
     def __init__(self, config: BertClassifierConfig):
-        super().__init__(config, config.type_vocab_size)
+        super().__init__(config)
         c = config
         self.pooler = nn.Linear(c.n_embd, c.n_embd)
         self.head_drop = nn.Dropout(c.dropout if c.classifier_dropout is None else c.classifier_dropout)

@@ -14,7 +14,7 @@ from attnlab.errors import UserError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.embeddings import TokenPositionEmbedding
 from attnlab.nn.registry import register_network
-from attnlab.types import PositiveInt
+from attnlab.types import Fraction, PositiveInt
 from attnlab.nn.layers import Block, StackAccounting, StackConfig, init_gpt2_, make_norm
 
 
@@ -52,10 +52,10 @@ class GPT(StackAccounting, nn.Module):
                                             c.dropout)
         self.blocks = nn.ModuleList(
             Block(c.n_embd, c.n_head, c.ffn_hidden, c.ffn, c.dropout, c.bias, c.norm, c.norm_position,
-                  self.embed.rotary, alibi=self.embed.alibi)
+                  self.embed.rotary, alibi=self.embed.alibi, norm_eps=c.norm_eps)
             for _ in range(c.n_layer)
         )
-        self.norm_f = make_norm(c.norm, c.n_embd, c.bias) if c.norm_position == "pre" else nn.Identity()
+        self.norm_f = make_norm(c.norm, c.n_embd, c.bias, c.norm_eps) if c.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(c.n_embd, c.padded_vocab, bias=False)
         init_gpt2_(self, c.n_layer)
         if c.tie_weights:
@@ -102,6 +102,51 @@ class GPT(StackAccounting, nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self.config).items())
+
+
+@dataclass
+class GPTClassifierConfig(GPTConfig):
+    num_classes: PositiveInt = 2
+    classifier_dropout: Fraction | None = None  # before the head (None: dropout)
+
+
+@register_network("gpt_classifier", config=GPTClassifierConfig)
+class GPTClassifier(GPT):
+    """input_ids, attention_mask (B, T; right padding) -> logits (B, num_classes): the final state of each text's
+    last token, which under causal attention has read the whole text, through a linear head (as
+    GPT2ForSequenceClassification, bias-free). Pairs arrive joined by the data; `token_type_ids` are not used."""
+
+    def __init__(self, config: GPTClassifierConfig):
+        super().__init__(config)
+        c = config
+        del self.lm_head
+        self.head_drop = nn.Dropout(c.dropout if c.classifier_dropout is None else c.classifier_dropout)
+        self.classifier = nn.Linear(c.n_embd, c.num_classes, bias=False)  # GPT2ForSequenceClassification's `score`
+        init_gpt2_(self.classifier, c.n_layer)
+
+    def forward_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                         token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        check_length(input_ids.shape[1], self.config.block_size)
+        x = self.embed(input_ids)                                        # (B, T, C)
+        for block in self.blocks:
+            x = block(x, causal=True)      # right padding: real tokens never attend to the pads after them
+        x = self.norm_f(x)
+        last = (attention_mask.sum(1) - 1 if attention_mask is not None
+                else torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)).long()
+        return x[torch.arange(x.shape[0], device=x.device), last]       # (B, C)
+
+    def forward_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.head_drop(h))                        # (B, K)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_head(self.forward_features(input_ids, attention_mask))
+
+    def get_classifier(self) -> nn.Module:
+        return self.classifier
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return {"stem": r"^embed", "blocks": r"^blocks\.(\d+)"}
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

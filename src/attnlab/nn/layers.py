@@ -17,7 +17,7 @@ from attnlab.types import Fraction, MultipleOf, PositiveFloat, PositiveInt
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-FFNS = ("relu", "gelu", "swiglu")
+FFNS = ("relu", "gelu", "gelu_tanh", "swiglu")  # gelu_tanh: the tanh approximation (GPT-2's "gelu_new")
 
 
 class RMSNorm(nn.Module):
@@ -30,16 +30,18 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def make_norm(kind: str, dim: int, bias: bool = True) -> nn.Module:
+def make_norm(kind: str, dim: int, bias: bool = True, eps: float | None = None) -> nn.Module:
+    """eps None: each norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6; BERT's weights want 1e-12)."""
     if kind == "layernorm":
-        return nn.LayerNorm(dim, bias=bias)
+        return nn.LayerNorm(dim, bias=bias, eps=1e-5 if eps is None else eps)
     if kind == "rmsnorm":
-        return RMSNorm(dim)
+        return RMSNorm(dim, 1e-6 if eps is None else eps)
     raise ValueError(f"norm '{kind}' is not one of {NORMS}")
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: relu / gelu (n_embd -> hidden -> n_embd) or SwiGLU (silu(x W1) * x W3, then W2)."""
+    """Position-wise MLP: relu / gelu / gelu_tanh (n_embd -> hidden -> n_embd) or SwiGLU (silu(x W1) * x W3, then
+    W2)."""
 
     def __init__(self, n_embd: int, hidden: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -56,8 +58,8 @@ class FeedForward(nn.Module):
         if self.activation == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
-        elif self.activation == "gelu":
-            h = F.gelu(h)
+        elif self.activation in ("gelu", "gelu_tanh"):
+            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
         else:
             h = F.relu(h)
         return self.dropout(self.proj(h))                       # (B, T, C)
@@ -70,16 +72,17 @@ class Block(nn.Module):
 
     def __init__(self, n_embd: int, n_head: int, ffn_hidden: int, ffn: str = "gelu", dropout: float = 0.0,
                  bias: bool = True, norm: str = "layernorm", norm_position: str = "pre",
-                 rotary: RotaryEmbedding | None = None, cross: bool = False, alibi: ALiBi | None = None):
+                 rotary: RotaryEmbedding | None = None, cross: bool = False, alibi: ALiBi | None = None,
+                 norm_eps: float | None = None):
         super().__init__()
         if norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm position '{norm_position}' is not one of {NORM_POSITIONS}")
         self.pre = norm_position == "pre"
-        self.norm1 = make_norm(norm, n_embd, bias)
+        self.norm1 = make_norm(norm, n_embd, bias, norm_eps)
         self.attn = MultiHeadAttention(n_embd, n_head, dropout, bias, rotary, alibi=alibi)
         self.cross_attn = MultiHeadAttention(n_embd, n_head, dropout, bias, cross=True) if cross else None
-        self.norm_cross = make_norm(norm, n_embd, bias) if cross else None
-        self.norm2 = make_norm(norm, n_embd, bias)
+        self.norm_cross = make_norm(norm, n_embd, bias, norm_eps) if cross else None
+        self.norm2 = make_norm(norm, n_embd, bias, norm_eps)
         self.ffn = FeedForward(n_embd, ffn_hidden, ffn, dropout, bias)
 
     def _sublayer(self, x: torch.Tensor, norm: nn.Module, fn) -> torch.Tensor:
@@ -132,7 +135,8 @@ class StackConfig(ConfigSplit):
     positional: Literal["learned", "sinusoidal", "rope", "alibi"] = "learned"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["pre", "post"] = "pre"
-    ffn: Literal["relu", "gelu", "swiglu"] = "gelu"
+    norm_eps: PositiveFloat | None = None   # None: the norm's usual eps (LayerNorm 1e-5); BERT's weights: 1e-12
+    ffn: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = "gelu"
     ffn_mult: PositiveFloat = 4.0
     tie_weights: bool = True
 

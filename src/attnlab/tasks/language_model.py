@@ -32,6 +32,23 @@ class _LanguageModel(TokenizerInCheckpoint, BaseTask):
     objective: str
     length_key: str  # the data's sequence length setting this model must cover
 
+    # ---- starting from published weights (model.init_from=hf:<BERT or GPT-2 weights>)
+    @classmethod
+    def init_tokenizer(cls, init_from: str) -> str | None:
+        return _hf(init_from).read_tokenizer(init_from)
+
+    @classmethod
+    def init_settings(cls, init_from: str) -> dict[str, Any]:
+        return _hf(init_from).init_settings(init_from)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._resumed = True  # the run's own weights: init_from is not read again
+
+    def on_fit_start(self) -> None:
+        if self.hparams.get("init_from") and not getattr(self, "_resumed", False):
+            _hf(self.hparams.init_from).load_into(self.net, self.hparams.init_from, keep_new=())
+
     def _init_common(self, tokenizer: str | None, objective: str) -> None:
         if objective != self.objective:
             raise UserError(f"model.objective={objective}, but {type(self).__name__} trains the {self.objective} "
@@ -111,7 +128,7 @@ class CausalLM(_LanguageModel):
     length_key = "block_size"
 
     def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt", objective: Literal["causal"] = "causal",
-                 tokenizer: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
+                 tokenizer: str | None = None, init_from: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
                  sample_prompt: str | None = "\n", sample_temperature: float = 0.8, sample_top_k: int | None = 200,
                  **settings: Any):
         network, base = create_network(net, settings | {"vocab_size": vocab_size, "block_size": block_size})
@@ -190,7 +207,7 @@ class MaskedLM(_LanguageModel):
     length_key = "max_length"
 
     def __init__(self, vocab_size: int, max_length: int = 128, net: str = "bert", objective: Literal["masked"] = "masked",
-                 tokenizer: str | None = None, num_samples: int = 2, **settings: Any):
+                 tokenizer: str | None = None, init_from: str | None = None, num_samples: int = 2, **settings: Any):
         network, base = create_network(net, settings | {"vocab_size": vocab_size, "max_length": max_length})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
@@ -250,6 +267,17 @@ class MaskedLM(_LanguageModel):
                      self.global_step, *row)
             rows.append([self.global_step, *row])
         log_table(self.trainer, "val/samples", ["step", "input", "original", "predicted"], rows)
+
+def _hf(init_from: str):
+    """attnlab.transfer.hf, for an init_from it reads (hf:<name or folder>)."""
+    from attnlab.transfer import hf
+
+    if not hf.is_hf(init_from):
+        raise UserError(f"model.init_from={init_from}: a language model starts from published weights, "
+                        "hf:<hub name or local folder> (BERT or GPT-2, e.g. hf:gpt2). To continue an attnlab run "
+                        "use ckpt_path=<its checkpoint> instead.")
+    return hf
+
 
 def same_vocabulary(a: TextTokenizer, b: TextTokenizer) -> bool:
     return a.vocab_size == b.vocab_size and all(a.id_to_token(i) == b.id_to_token(i) for i in range(a.vocab_size))

@@ -18,7 +18,7 @@ from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, Multi
 
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
-from attnlab.nn.registry import create_network
+from attnlab.nn.registry import create_network, network_settings
 from attnlab.tasks.base import BaseTask, TokenizerInCheckpoint
 from attnlab.types import Fraction, NonNegativeInt
 from attnlab.utils.media import log_image, log_table
@@ -26,10 +26,12 @@ from attnlab.utils.media import log_image, log_table
 
 class TextClassifier(TokenizerInCheckpoint, BaseTask):
     """Args:
-        net: the network (`bert_classifier`); its settings are the other keywords it takes (n_layer, n_head, ...).
+        net: the network (`bert_classifier`, `gpt_classifier`); its settings are the other keywords it takes
+            (n_layer, n_head, ...).
         tokenizer / class_names: from the data (kept in the checkpoint for predict.py).
-        init_from: the checkpoint (or run folder) of a masked-LM run, whose encoder initializes the network when
-            training starts; its tokenizer is the data's.
+        init_from: the checkpoint (or run folder) of a masked-LM run (bert_classifier) or a causal-LM run
+            (gpt_classifier), whose network initializes this one when training starts, or hf:<BERT or GPT-2
+            weights, a hub name or a local folder>; their tokenizer is the data's.
         freeze_backbone: train only the pooler and the head (a linear probe of the encoder's [CLS] state).
         num_errors: misclassified test examples logged as a table.
     """
@@ -38,8 +40,10 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
                  tokenizer: str | None = None, class_names: list[str] | None = None,
                  label_smoothing: Fraction = 0.0, init_from: str | None = None, freeze_backbone: bool = False,
                  num_errors: NonNegativeInt = 20, **settings: Any):
-        network, base = create_network(net, settings | dict(vocab_size=vocab_size, max_length=max_length,
-                                                            num_classes=num_classes))
+        # the sequence length under the network's own name: an encoder's max_length, a decoder's block_size
+        length = "block_size" if "block_size" in network_settings(net) else "max_length"
+        network, base = create_network(net, settings | {"vocab_size": vocab_size, length: max_length,
+                                                         "num_classes": num_classes})
         super().__init__(**({"monitor": "val/acc", "monitor_mode": "max"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
         self.net = network
@@ -69,6 +73,13 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         from attnlab.transfer.bert_mlm import init_tokenizer
 
         return init_tokenizer(init_from)
+
+    @classmethod
+    def init_settings(cls, init_from: str) -> dict[str, Any]:
+        """The network settings the weights `init_from` names fix (hf:<weights>: their config.json)."""
+        from attnlab.transfer import hf
+
+        return hf.init_settings(init_from) if hf.is_hf(init_from) else {}
 
     def check_data(self, info: DataInfo) -> None:
         if info.vocab_size is not None and info.vocab_size > self.hparams.vocab_size:
