@@ -244,3 +244,63 @@ def test_export_hf_refuses_a_layout_transformers_cannot_express(tmp_path):
     task = CausalLM(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, positional="rope")
     with pytest.raises(UserError, match=r"model.positional=rope, which it cannot express. Use format=safetensors"):
         export_hf(task, tmp_path)
+
+
+# ---- GLUE through datasets
+
+def _glue_folder(tmp_path: Path, task: str) -> Path:
+    import datasets
+
+    names = {"cola": ["unacceptable", "acceptable"], "rte": ["entailment", "not_entailment"]}[task]
+    pairs = task == "rte"
+    good = ["the movie was great", "she reads books every day", "they sang a song", "we like warm tea"]
+    bad = ["movie the great was", "books she every reads", "song sang they a", "tea warm like we"]
+
+    def split(n):
+        rows = [(g, 1) for g in good] + [(b, 0) for b in bad]
+        rows = (rows * n)[: 8 * n]
+        cols = {"sentence1": [r[0] for r in rows], "sentence2": [r[0][::-1] for r in rows]} if pairs \
+            else {"sentence": [r[0] for r in rows]}
+        feats = {c: datasets.Value("string") for c in cols} | {"label": datasets.ClassLabel(names=names),
+                                                                "idx": datasets.Value("int32")}
+        return datasets.Dataset.from_dict(cols | {"label": [r[1] for r in rows], "idx": list(range(len(rows)))},
+                                          features=datasets.Features(feats))
+
+    folder = tmp_path / f"glue_{task}"
+    datasets.DatasetDict({"train": split(12), "validation": split(3), "test": split(2)}).save_to_disk(str(folder))
+    return folder
+
+
+def test_glue_from_a_saved_dataset_with_pairs_names_and_mcc(tmp_path):
+    from attnlab.data.glue import GlueDataModule
+
+    dm = GlueDataModule(task="rte", local_path=str(_glue_folder(tmp_path, "rte")), tokenizer_vocab_size=100,
+                        cache_dir=str(tmp_path / "cache"), batch_size=4)
+    dm.setup("fit")
+    info = dm.info()
+    assert info.class_names == ["entailment", "not_entailment"] and dm.text_columns == ["sentence1", "sentence2"]
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["token_type_ids"].max() == 1                          # pairs: segment 1 for the second text
+
+    cfg = compose_cfg(["model=bert_classifier", "data=glue", "data.task=cola",
+                       f"data.local_path={_glue_folder(tmp_path, 'cola')}", "data.tokenizer_vocab_size=100",
+                       "data.batch_size=8", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+                       "model.monitor=val/mcc", "trainer=cpu", "trainer.max_steps=60",
+                       "trainer.val_check_interval=30", "trainer.check_val_every_n_epoch=null", "trainer.max_epochs=-1",
+                       "optimizer.lr=3e-3", "logger=csv", *FAST], tmp_path / "run")
+    train(cfg)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert {"val/mcc", "test/mcc", "test/f1", "test/acc"} <= set(metrics)
+    assert metrics["test/mcc"] > 0.5                                    # word order is learnable
+
+
+def test_glue_offline_and_bad_task_are_refused(tmp_path, monkeypatch):
+    from attnlab.data.glue import GlueDataModule
+
+    with pytest.raises(UserError, match="stsb is a regression task"):
+        GlueDataModule(task="stsb")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    dm = GlueDataModule(task="mrpc", cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(UserError, match=r"could not load 'nyu-mll/glue' \(mrpc\).*save_to_disk.*data.local_path"):
+        dm.setup("fit")

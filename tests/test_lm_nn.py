@@ -116,7 +116,7 @@ def test_alibi_biases_scores_by_distance():
 @pytest.mark.parametrize(("override", "message"), [
     ({"positional": "alibii"}, "positional=alibii is not one of sinusoidal, learned, rope, alibi"),
     ({"norm": "batchnorm"}, "norm=batchnorm is not one of layernorm, rmsnorm"),
-    ({"ffn": "tanh"}, "ffn=tanh is not one of relu, gelu, swiglu"),
+    ({"ffn": "tanh"}, "ffn=tanh is not one of relu, gelu, gelu_tanh, swiglu"),
     ({"n_head": 3}, r"n_embd=32 does not split into n_head=3 heads"),
 ])
 def test_bad_model_settings_are_user_errors(override, message):

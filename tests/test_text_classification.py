@@ -73,7 +73,7 @@ def test_pairs_get_segments_and_string_labels_sorted(tmp_path):
     (dict(label_column="sentiment"), r"has no column 'sentiment' \(its columns: sentence, label\).*data.label_column"),
     (dict(text_columns=["text"]), r"has no column 'text'.*data.text_columns"),
     (dict(train="one_class.tsv"), r"has 1 label value\(s\) in column 'label': a classifier needs at least two"),
-    (dict(val="unseen.tsv"), r"the val file .*unseen.tsv has labels the training file never has: 7"),
+    (dict(val="unseen.tsv"), r"the val data .*unseen.tsv has labels the training data never has: 7"),
 ])
 def test_bad_tables_are_refused_with_the_fix(small_data, tmp_path, change, message):
     root = tmp_path / "sst2"
@@ -151,7 +151,7 @@ def test_linear_probe_keeps_the_encoder(mlm_run, small_data, tmp_path):
 
 
 def test_init_from_refusals_name_the_fix(mlm_run, small_data, tmp_path):
-    with pytest.raises(UserError, match=r"does not match the classifier's network .*keys of the checkpoint the "
+    with pytest.raises(UserError, match=r"does not match the classifier's .*keys of the checkpoint the "
                                         r"classifier lacks: blocks.1.\*.*model.n_layer=2"):
         train(compose_cfg([*FINETUNE, f"model.init_from={mlm_run}", "model.n_layer=1"], tmp_path / "depth",
                           data_dir=small_data))
@@ -160,7 +160,7 @@ def test_init_from_refusals_name_the_fix(mlm_run, small_data, tmp_path):
                        "trainer.limit_val_batches=1", "test=false", "model.n_layer=1", "model.n_head=2",
                        "model.n_embd=16", "data.block_size=16", "data.batch_size=4", "model.num_samples=0", *FAST],
                       gpt, data_dir=small_data))
-    with pytest.raises(UserError, match=r"CausalLM, not of a masked-LM run.*model=gpt_classifier"):
+    with pytest.raises(UserError, match=r"CausalLM: this classifier starts from a BERT masked-LM.*model=gpt_classifier"):
         train(compose_cfg([*FINETUNE, f"model.init_from={gpt}"], tmp_path / "g", data_dir=small_data))
     with pytest.raises(UserError, match=r"model.init_from=.*nothing.ckpt"):
         train(compose_cfg([*FINETUNE, f"model.init_from={tmp_path / 'nothing.ckpt'}"], tmp_path / "n",

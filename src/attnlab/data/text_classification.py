@@ -141,17 +141,16 @@ class TextClassificationDataModule(BaseDataModule):
     def _read(self) -> None:
         if self.rows:
             return
-        columns = self.text_columns + [self.label_column]
-        self.rows = {s: read_table(self.root / f, columns, self.encoding) for s, f in self.files.items()}
-        labels = sorted({r[self.label_column] for r in self.rows["train"]}, key=_label_order)
+        self.rows = self.load_rows()
+        labels = self.label_names({r[self.label_column] for r in self.rows["train"]})
         if len(labels) < 2:
-            raise UserError(f"the training file {self.root / self.files['train']} has {len(labels)} label value(s) in "
+            raise UserError(f"the training data {self.where('train')} has {len(labels)} label value(s) in "
                             f"column {self.label_column!r}: a classifier needs at least two classes. Check "
                             "data.label_column.")
         for split in ("val", "test"):
             unseen = sorted({r[self.label_column] for r in self.rows[split]} - set(labels))
             if unseen:
-                raise UserError(f"the {split} file {self.root / self.files[split]} has labels the training file never "
+                raise UserError(f"the {split} data {self.where(split)} has labels the training data never "
                                 f"has: {', '.join(unseen[:5])}. The classes are the training labels "
                                 f"({', '.join(labels[:10])}): fix or drop those rows.")
         if self.num_classes is not None and int(self.num_classes) != len(labels):
@@ -159,11 +158,27 @@ class TextClassificationDataModule(BaseDataModule):
                             f"({', '.join(labels[:10])}): remove data.num_classes (it is found from the data).")
         self.class_names = labels
 
+    def load_rows(self) -> dict[str, list[dict[str, str]]]:
+        """{split: rows}, each row {column: text} with the text columns and the label as strings."""
+        columns = self.text_columns + [self.label_column]
+        return {s: read_table(self.root / f, columns, self.encoding) for s, f in self.files.items()}
+
+    def label_names(self, labels: set[str]) -> list[str]:
+        """The classes in their index order: integer labels numerically (0, 1, 2, 10), others alphabetically."""
+        return sorted(labels, key=_label_order)
+
+    def corpus_key(self) -> dict:
+        """What identifies the training texts (the cache key of the tokenizer learned on them)."""
+        return {"files": file_identity(self.root / self.files["train"]), "columns": self.text_columns}
+
+    def where(self, split: str) -> str:
+        return str(self.root / self.files[split])
+
     def _tokenizer(self) -> TextTokenizer:
         if self.given_tokenizer:
             return tokenizer_from_json(self.given_tokenizer)
         texts = [r[c] for r in self.rows["train"] for c in self.text_columns]
-        corpus = cache_key({"files": file_identity(self.root / self.files["train"]), "columns": self.text_columns})
+        corpus = cache_key(self.corpus_key())
         tok, _ = build_tokenizer(self.tokenizer_kind, corpus, lambda: iter(texts), lambda: iter(texts),
                                  self.cache_dir, self.tokenizer_vocab_size, list(MLM_SPECIALS), self.lowercase,
                                  self.min_frequency)

@@ -1,8 +1,8 @@
 """Sentence and sentence-pair classification with a Transformer encoder (`model=bert_classifier`), from scratch or
 from the encoder of a masked-LM pretraining run (`model.init_from`).
 
-Metrics: `train/loss`, `val/loss`, `val/acc`, `val/acc_best`, `val/f1` (binary tasks: F1 of the positive class,
-the higher label), and the same under `test/`; at test, the confusion matrix (`<run dir>/media/test_confusion.png`)
+Metrics: `train/loss`, `val/loss`, `val/acc`, `val/acc_best`, and for binary tasks `val/f1` (F1 of the positive
+class, the higher label) and `val/mcc` (Matthews correlation, GLUE's CoLA metric), and the same under `test/`; at test, the confusion matrix (`<run dir>/media/test_confusion.png`)
 and the misclassified examples (`test_errors.csv`), also to W&B (`test/confusion_matrix`, `test/errors`).
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
-from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy, MulticlassConfusionMatrix
+from torchmetrics.classification import (BinaryF1Score, BinaryMatthewsCorrCoef, MulticlassAccuracy,
+                                         MulticlassConfusionMatrix)
 
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
@@ -58,7 +59,9 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
                 p.requires_grad = id(p) in head
         self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self.accs = torch.nn.ModuleDict({s: MulticlassAccuracy(num_classes, average="micro") for s in ("val", "test")})
-        self.f1s = torch.nn.ModuleDict({s: BinaryF1Score() for s in ("val", "test")}) if num_classes == 2 else None
+        self.binary = torch.nn.ModuleDict({f"{s}_{m}": metric() for s in ("val", "test") for m, metric in
+                                        (("f1", BinaryF1Score), ("mcc", BinaryMatthewsCorrCoef))}) \
+            if num_classes == 2 else None
         self.test_cm = MulticlassConfusionMatrix(num_classes)
         self._errors: list[list] = []
 
@@ -116,8 +119,9 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         self.losses[stage].update(F.cross_entropy(logits, y), y.shape[0])
         pred = logits.argmax(-1)
         self.accs[stage].update(pred, y)
-        if self.f1s is not None:
-            self.f1s[stage].update(pred, y)
+        if self.binary is not None:
+            for m in ("f1", "mcc"):
+                self.binary[f"{stage}_{m}"].update(pred, y)
         return pred
 
     def validation_step(self, batch, batch_idx):
@@ -135,9 +139,10 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         acc = self.accs[stage].compute()
         self.log(f"{stage}/loss", self.losses[stage].compute(), sync_dist=True)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=True)
-        if self.f1s is not None:
-            self.log(f"{stage}/f1", self.f1s[stage].compute(), sync_dist=True)
-            self.f1s[stage].reset()
+        if self.binary is not None:
+            for m in ("f1", "mcc"):
+                self.log(f"{stage}/{m}", self.binary[f"{stage}_{m}"].compute(), sync_dist=True)
+                self.binary[f"{stage}_{m}"].reset()
         self.losses[stage].reset()
         self.accs[stage].reset()
         return acc
