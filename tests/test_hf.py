@@ -4,6 +4,7 @@ small random `transformers` models saved locally, logits compared with transform
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -304,3 +305,20 @@ def test_glue_offline_and_bad_task_are_refused(tmp_path, monkeypatch):
     dm = GlueDataModule(task="mrpc", cache_dir=str(tmp_path / "cache"))
     with pytest.raises(UserError, match=r"could not load 'nyu-mll/glue' \(mrpc\).*save_to_disk.*data.local_path"):
         dm.setup("fit")
+
+
+def test_gpt_classifier_from_hf_gpt2_trains_and_predicts(hf_gpt2, small_data, tmp_path, capsys):
+    over = ["model=gpt_classifier", "data=sst2", f"model.init_from=hf:{hf_gpt2}", "data.max_length=48",
+            "data.batch_size=16", "trainer=cpu", "trainer.max_steps=80", "trainer.val_check_interval=40", "trainer.max_epochs=-1",
+            "trainer.check_val_every_n_epoch=null",
+            "optimizer.lr=2e-3", "logger=csv", *FAST]
+    cfg = compose_cfg(over, tmp_path / "run", data_dir=small_data)
+    train(cfg)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert cfg.model.n_layer == 2 and metrics["test/acc"] > 0.6, metrics   # the fixture's words carry the label
+    from attnlab.cli.predict import predict
+
+    capsys.readouterr()
+    predict(compose_cfg([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
+                         "text='a gripping , funny movie'"], tmp_path / "pred", config_name="predict"))
+    assert re.match(r"[01] \(0\.\d{3}\): a gripping , funny movie", capsys.readouterr().out)

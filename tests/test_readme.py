@@ -1,7 +1,7 @@
 """Every command in README.md's bash blocks, run as written with a few steps appended, so that a documented command
 cannot silently break. Each block runs in order in a fresh folder (a later command uses the runs of earlier ones:
 `ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py). Commands marked
-[GPU], [ImageNet], [multi-node], [SLURM] or [W&B account] need what this machine lacks: their configs are composed
+[GPU], [ImageNet], [multi-node], [SLURM], [W&B account] or [network] need what this machine lacks: their configs are composed
 instead. `python train.py|eval.py|predict.py` runs in-process through the entry points' own functions (start-up
 would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`, benchmarks) runs in one."""
 
@@ -29,7 +29,7 @@ from conftest import ROOT
 from fixtures import caption_pairs
 
 README = ROOT / "README.md"
-MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account")
+MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account", "network")
 MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
 ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict", "export.py": "export",
          "attnlab.train": "train", "attnlab.eval": "eval", "attnlab.predict": "predict"}

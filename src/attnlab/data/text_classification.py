@@ -185,22 +185,11 @@ class TextClassificationDataModule(BaseDataModule):
         return tok
 
     def _encode(self, split: str) -> Encoded:
-        """BERT's layout where the vocabulary has [CLS]: [CLS] a [SEP] (b [SEP]), segments 0 (1); a decoder's
-        (GPT-2's vocabulary): a (<|endoftext|> b), the classifier reading the last token."""
         tok, rows = self.tokenizer, self.rows[split]
-        cls_id = tok.token_to_id(CLS)
-        sep_id = tok.token_to_id(SEP) if cls_id is not None else tok.token_to_id(EOT)
         columns = [tok.encode_batch([r[c] for r in rows]) for c in self.text_columns]
-        ends = [[sep_id] if cls_id is not None or (sep_id is not None and s < len(columns) - 1) else []
-                for s in range(len(columns))]
-        budget = self.max_length - (cls_id is not None) - sum(map(len, ends))
         ids, segments = [], []
         for parts in zip(*columns):
-            parts = _truncate(list(parts), budget)
-            seq, seg = ([cls_id], [0]) if cls_id is not None else ([], [])
-            for s, part in enumerate(parts):
-                seq += part + ends[s]
-                seg += [s] * (len(part) + len(ends[s]))
+            seq, seg = join_texts(tok, list(parts), self.max_length)
             ids.append(seq)
             segments.append(seg)
         index = {name: i for i, name in enumerate(self.class_names)}
@@ -236,6 +225,22 @@ class TextClassificationDataModule(BaseDataModule):
 def _label_order(label: str):
     """Integer labels in numeric order (0, 1, 2, 10), others alphabetically."""
     return (0, int(label), "") if label.lstrip("-").isdigit() else (1, 0, label)
+
+
+def join_texts(tok: TextTokenizer, parts: list[list[int]], max_length: int) -> tuple[list[int], list[int]]:
+    """One example's token ids and segment ids from its texts' tokens, cut to max_length (longest text first).
+    BERT's layout where the vocabulary has [CLS]: [CLS] a [SEP] (b [SEP]), segments 0 (1); a decoder's otherwise
+    (GPT-2's vocabulary): a (<|endoftext|> b), which the classifier reads at the last token."""
+    cls_id = tok.token_to_id(CLS)
+    sep_id = tok.token_to_id(SEP) if cls_id is not None else tok.token_to_id(EOT)
+    ends = [[sep_id] if cls_id is not None or (sep_id is not None and s < len(parts) - 1) else []
+            for s in range(len(parts))]
+    parts = _truncate(parts, max_length - (cls_id is not None) - sum(map(len, ends)))
+    seq, seg = ([cls_id], [0]) if cls_id is not None else ([], [])
+    for s, part in enumerate(parts):
+        seq += part + ends[s]
+        seg += [s] * (len(part) + len(ends[s]))
+    return seq, seg
 
 
 def _truncate(parts: list[list[int]], budget: int) -> list[list[int]]:

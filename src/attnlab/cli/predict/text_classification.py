@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.data.text_classification import PadBatch
-from attnlab.data.tokenizers import CLS, PAD, SEP
+from attnlab.data.text_classification import PadBatch, join_texts
+from attnlab.data.tokenizers import PAD
 from attnlab.cli.predict import text_lines
 from attnlab.errors import UserError
 
@@ -19,15 +19,11 @@ def predict(model, cfg, run_cfg) -> list[dict]:
     if tok is None:
         raise UserError("this checkpoint holds no tokenizer: retrain with attnlab's text classification data.")
     lines = [t for t in text_lines(cfg, "a text classifier", "example (a<TAB>b for pairs)") if t.strip()]
-    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
-    limit = int(model.hparams.max_length)
     examples = []
     for line in lines:
-        ids, segments = [cls_id], [0]
-        for s, part in enumerate(line.split("\t")[:2]):
-            enc = tok.encode(part.strip()) + [sep_id]
-            ids, segments = ids + enc, segments + [s] * len(enc)
-        examples.append({"ids": ids[:limit], "segments": segments[:limit], "label": 0, "text": line})
+        ids, segments = join_texts(tok, [tok.encode(part.strip()) for part in line.split("\t")[:2]],
+                                   int(model.hparams.max_length))
+        examples.append({"ids": ids, "segments": segments, "label": 0, "text": line})
     collate, batch_size, rows = PadBatch(tok.token_to_id(PAD)), int(cfg.get("batch_size") or 64), []
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
