@@ -245,6 +245,11 @@ def test_export_hf_refuses_a_layout_transformers_cannot_express(tmp_path):
     task = CausalLM(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, positional="rope")
     with pytest.raises(UserError, match=r"model.positional=rope, which it cannot express. Use format=safetensors"):
         export_hf(task, tmp_path)
+    from types import SimpleNamespace
+
+    with pytest.raises(UserError, match=r"format=hf writes BERT and GPT checkpoints .* network is Linear. Use "
+                                        "format=safetensors"):
+        export_hf(SimpleNamespace(net=torch.nn.Linear(2, 2)), tmp_path)
 
 
 # ---- GLUE through datasets
@@ -300,6 +305,9 @@ def test_glue_offline_and_bad_task_are_refused(tmp_path, monkeypatch):
 
     with pytest.raises(UserError, match="stsb is a regression task"):
         GlueDataModule(task="stsb")
+    with pytest.raises(UserError, match=r"GLUE mrpc is a sentence-pair task with the text column\(s\) sentence1, "
+                                        "sentence2. Leave data.text_columns=null"):
+        GlueDataModule(task="mrpc", text_columns=["sentence1"])
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     dm = GlueDataModule(task="mrpc", cache_dir=str(tmp_path / "cache"))

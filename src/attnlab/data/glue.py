@@ -32,10 +32,15 @@ class GlueDataModule(TextClassificationDataModule):
     def __init__(self, task: str = "sst2", path: str = "nyu-mll/glue", local_path: str | None = None,
                  name: str = "glue", text_columns: list[str] | None = None, **kw: Any):
         if task not in TASKS:
-            regression = " (stsb is a regression task: attnlab's classifier does not score it)" if task == "stsb" else ""
+            regression = (" (stsb is a regression task: attnlab's classifier does not score it)" if task == "stsb"
+                          else "")
             raise UserError(f"data.task={task} is not a GLUE classification task{regression}: use one of "
                             f"{', '.join(TASKS)}.")
         columns, self.val_split = TASKS[task]
+        if text_columns and list(text_columns) != columns:
+            kind = "a sentence-pair task" if len(columns) == 2 else "a single-sentence task"
+            raise UserError(f"data.text_columns={list(text_columns)}: GLUE {task} is {kind} with the text column(s) "
+                            f"{', '.join(columns)}. Leave data.text_columns=null (the task's own).")
         kw["label_column"] = "label"
         super().__init__(name=f"{name}_{task}", text_columns=text_columns or columns, **kw)
         self.task, self.path, self.local_path = task, path, local_path

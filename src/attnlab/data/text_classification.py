@@ -26,7 +26,8 @@ from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.info import DataInfo
 from attnlab.data.parallel_sets import BucketBatchSampler
-from attnlab.data.tokenizers import CLS, EOT, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer, tokenizer_from_json
+from attnlab.data.tokenizers import (CLS, EOT, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
+                                     tokenizer_from_json)
 from attnlab.errors import UserError
 from attnlab.types import Encoding, PositiveInt
 

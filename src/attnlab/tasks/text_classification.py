@@ -2,7 +2,8 @@
 from the encoder of a masked-LM pretraining run (`model.init_from`).
 
 Metrics: `train/loss`, `val/loss`, `val/acc`, `val/acc_best`, and for binary tasks `val/f1` (F1 of the positive
-class, the higher label) and `val/mcc` (Matthews correlation, GLUE's CoLA metric), and the same under `test/`; at test, the confusion matrix (`<run dir>/media/test_confusion.png`)
+class, the higher label) and `val/mcc` (Matthews correlation, GLUE's CoLA metric), and the same under `test/`; at
+test, the confusion matrix (`<run dir>/media/test_confusion.png`)
 and the misclassified examples (`test_errors.csv`), also to W&B (`test/confusion_matrix`, `test/errors`).
 """
 
