@@ -1,0 +1,150 @@
+"""Finding and reading runs for `attnlab-compare`: each run directory's `config.yaml` (the resolved config),
+`metrics.json` (written when the run finished) and `csv/metrics.csv` (the logged curves), nothing else, so copied
+folders compare as well as the originals."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import UserError
+
+# config keys that say where a run is or how it printed, not what it computed
+NOT_SETTINGS = ("paths.", "hydra.", "extras.", "callbacks.progress_bar", "callbacks.rich", "logger.")
+MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".csv", ".html", ".txt")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]                       # flattened: {"model.n_layer": 4, ...}
+    metrics: dict[str, float] | None             # None: unfinished (no metrics.json)
+    curves: Any = None                           # pandas DataFrame of csv/metrics.csv, or None
+    name: str = ""
+    media: list[Path] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.metrics is not None
+
+    @property
+    def task(self) -> str:
+        target = self.config.get("model._target_") or self.config.get("task_name") or "?"
+        return str(target).rsplit(".", 1)[-1]
+
+    @property
+    def last_step(self) -> int | None:
+        if self.curves is None or "step" not in self.curves or self.curves["step"].dropna().empty:
+            return None
+        return int(self.curves["step"].max())
+
+    def final(self) -> dict[str, float]:
+        """metrics.json, or for an unfinished run the last value logged of each metric."""
+        if self.metrics is not None:
+            return dict(self.metrics)
+        if self.curves is None:
+            return {}
+        out = {}
+        for col in self.curves.columns:
+            values = self.curves[col].dropna()
+            if col not in ("step", "epoch") and not values.empty:
+                out[col] = float(values.iloc[-1])
+        return out
+
+    def status(self) -> str:
+        if self.finished:
+            return "finished"
+        step = self.last_step
+        return f"unfinished (step {step})" if step is not None else "unfinished (nothing logged)"
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys; lists kept as values."""
+    if not isinstance(node, dict):
+        return {prefix: node} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out |= flatten(v, key) if isinstance(v, dict) and v else {key: v}
+    return out
+
+
+def load_run(path: Path) -> Run:
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path / "config.yaml")
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation that only resolves inside a run: keep it as written
+        config = OmegaConf.to_container(cfg, resolve=False)
+    metrics = None
+    if (path / "metrics.json").is_file():
+        metrics = {k: float(v) for k, v in json.loads((path / "metrics.json").read_text()).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    csv = path / "csv" / "metrics.csv"
+    curves = pd.read_csv(csv) if csv.is_file() and csv.stat().st_size else None
+    media = sorted(p for p in (path / "media").rglob("*") if p.suffix.lower() in MEDIA) \
+        if (path / "media").is_dir() else []
+    return Run(path, flatten(config), metrics, curves, media=media)
+
+
+def find_runs(inputs: list[str]) -> list[Run]:
+    """Runs from any mix of run directories, multirun/sweep directories (their runs, found below them) and glob
+    patterns. One paragraph when nothing is found."""
+    paths: list[Path] = []
+    for item in inputs:
+        matches = sorted(glob.glob(item, recursive=True)) if any(c in item for c in "*?[") else [item]
+        for m in matches:
+            p = Path(m).expanduser()
+            if (p / "config.yaml").is_file():
+                paths.append(p)
+            elif p.is_dir():
+                paths += sorted(c.parent for c in p.rglob("config.yaml") if ".hydra" not in c.parts)
+    paths = list(dict.fromkeys(p.resolve() for p in paths))
+    if not paths:
+        raise UserError(f"no runs found in {', '.join(inputs)}: a run is a directory with the config.yaml that "
+                        "train.py writes (logs/<task>/runs/<time>/, or the numbered jobs of a multirun under "
+                        "logs/<task>/multiruns/<time>/). Give run or multirun directories, or a glob such as "
+                        "'logs/*/multiruns/*'.")
+    runs = [load_run(p) for p in paths]
+    names = _short_names(paths)
+    for run, name in zip(runs, names):
+        run.name = name
+    return runs
+
+
+def _short_names(paths: list[Path]) -> list[str]:
+    """The shortest path tails that tell the runs apart (e.g. 2026-11-26_10-00-00/3)."""
+    for depth in range(1, 6):
+        names = ["/".join(p.parts[-depth:]) for p in paths]
+        if len(set(names)) == len(names):
+            return names
+    return [str(p) for p in paths]
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """The config keys whose values are not the same in every run (a key some runs lack counts), without the
+    keys that only place or print a run."""
+    keys = sorted({k for r in runs for k in r.config})
+    missing = object()
+    out = []
+    for k in keys:
+        if k.startswith(NOT_SETTINGS) or any(_inside(r.config.get(k), r.path) for r in runs):
+            continue  # where the run wrote (its checkpoint folder, ...), not what it computed
+        values = {json.dumps(r.config.get(k, missing), sort_keys=True, default=str) for r in runs}
+        if len(values) > 1:
+            out.append(k)
+    return out
+
+
+def _inside(value: Any, folder: Path) -> bool:
+    return isinstance(value, str) and value.startswith(str(folder))
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and math.isnan(x))

@@ -1,0 +1,124 @@
+"""attnlab-compare: a 2x2 grid (seed x lr) on digits, compared, grouped by seed, reported as HTML (and looked at in
+headless Chromium where it is installed), and the refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from attnlab.compare import compare, main, show_diff
+from conftest import ROOT, run_cli
+
+QUICK = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
+         "trainer.limit_test_batches=2", "extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """logs/train/multiruns/<time>/{0,1,2,3}: seed=1,2 x optimizer.lr=1e-3,3e-3, and the multirun's output."""
+    tmp = tmp_path_factory.mktemp("grid")
+    env = {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache")}
+    out = run_cli("train.py", "-m", "data=digits", "seed=1,2", "optimizer.lr=1e-3,3e-3", *QUICK, env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (sweep,) = (tmp / "logs" / "train" / "multiruns").iterdir()
+    return sweep, out.stdout
+
+
+def test_multirun_end_prints_the_seed_grouping_next_to_results_csv(grid):
+    sweep, stdout = grid
+    assert (sweep / "results.csv").is_file()
+    assert "grouped by seed" in stdout and "±" in stdout and "optimizer.lr" in stdout
+
+
+def test_table_agrees_with_results_csv_and_groups_mean_std(grid, tmp_path):
+    sweep, _ = grid
+    (df,) = compare([str(sweep)], sort="val/acc_best")
+    assert len(df) == 4 and {"seed", "optimizer.lr"} <= set(df.columns)
+    assert not any(c.startswith(("paths.", "callbacks.model_checkpoint")) for c in df.columns)  # places, not settings
+    results = pd.read_csv(sweep / "results.csv")
+    by_dir = {str(p).rsplit("/", 1)[-1]: v for p, v in zip(results["run_dir"], results["val/acc_best"])}
+    for _, row in df.iterrows():
+        assert row["val/acc_best"] == pytest.approx(by_dir[row["run"].rsplit("/", 1)[-1]])
+    assert list(df["val/acc_best"]) == sorted(df["val/acc_best"], reverse=True)   # best first
+
+    (groups,) = compare([str(sweep)], group_by="seed", metrics=["val/acc_best"])
+    assert len(groups) == 2 and list(groups["n"]) == [2, 2]
+    for _, g in groups.iterrows():
+        mean, std, n = g["val/acc_best"]
+        members = [by_dir[name.strip()] for name in g["runs"].split(",")]
+        assert n == 2 and mean == pytest.approx(sum(members) / 2)
+        assert std == pytest.approx(pd.Series(members).std())   # the sample standard deviation, as pandas
+
+
+def test_report_shows_the_table_and_curves(grid, tmp_path):
+    sweep, _ = grid
+    report = tmp_path / "report.html"
+    compare([str(sweep)], group_by="seed", metrics=["val/acc_best", "val/loss"], report=report)
+    page = report.read_text()
+    assert "<table>" in page and page.count("data:image/png;base64,") >= 2 and "Config keys that differ" in page
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("no Chromium found: the report's screenshot is not taken (apt-get install chromium)")
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1300,1400", report.as_uri()],
+                   capture_output=True, timeout=120)
+    from PIL import Image
+    import numpy as np
+
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    assert pixels.shape == (1400, 1300)
+    table_band, plot_band = pixels[100:250], pixels[250:900]
+    assert (table_band < 128).mean() > 0.005            # the table's text
+    assert (plot_band < 250).mean() > 0.05              # the plots' lines, bands and axes
+
+
+def test_unfinished_runs_other_tasks_and_diff(grid, tmp_path, capsys):
+    sweep, _ = grid
+    runs = tmp_path / "runs"
+    shutil.copytree(sweep / "0", runs / "a")
+    shutil.copytree(sweep / "3", runs / "b")
+    (runs / "b" / "metrics.json").unlink()                                   # stopped before the end
+    shutil.copytree(sweep / "1", runs / "other")
+    cfg = yaml.safe_load((runs / "other" / "config.yaml").read_text())
+    cfg["model"]["_target_"] = "mypkg.tasks.MyTask"
+    (runs / "other" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    frames = compare([str(runs / "*")])
+    assert len(frames) == 2                                                  # one table per task
+    main_table = next(f for f in frames if len(f) == 2)
+    assert main_table.set_index("run").loc["b", "status"].startswith("unfinished (step ")
+    rows = show_diff(str(sweep / "0"), str(sweep / "3"))
+    assert {k for k, _, _ in rows} >= {"seed", "optimizer.lr"}
+    assert dict((k, (a, b)) for k, a, b in rows)["optimizer.lr"] == (0.001, 0.003)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{empty}"], "no runs found in .*: a run is a directory with the config.yaml"),
+    (["{sweep}", "--group-by", "model.no_such_key"], "--group-by model.no_such_key: no run's config has the key"),
+    (["{sweep}", "--sort", "val/nope"], "--sort val/nope: not a column of the table"),
+    (["{sweep}", "--metrics", "val/nope"], "--metrics val/nope: no run reports it"),
+])
+def test_bad_input_is_one_paragraph(grid, tmp_path, capsys, args, message):
+    import re
+
+    sweep, _ = grid
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(empty=tmp_path / "empty", sweep=sweep) for a in args]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search(message, err) and "Traceback" not in err
+
+
+def test_python_m_attnlab_compare(grid):
+    sweep, _ = grid
+    out = subprocess.run([sys.executable, "-m", "attnlab.compare", str(sweep), "--metrics", "val/acc_best"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ImageClassifier: 4 run(s)" in out.stdout, out.stderr[-2000:]
+    assert json.loads((sweep / "0" / "metrics.json").read_text())
