@@ -122,3 +122,46 @@ def test_python_m_attnlab_compare(grid):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ImageClassifier: 4 run(s)" in out.stdout, out.stderr[-2000:]
     assert json.loads((sweep / "0" / "metrics.json").read_text())
+
+
+# ---- k-fold cross-validation
+
+def test_folds_partition_train_and_val_stratified_and_leave_test_out(tmp_path):
+    from attnlab.data.digits import DigitsDataModule
+
+    sets = []
+    for fold in range(3):
+        dm = DigitsDataModule(folds=3, fold=fold, seed=7, augment=None)
+        dm.setup("fit")
+        sets.append(dm)
+    vals = [sets[i].val_set.tensors[1] for i in range(3)]
+    n_pool = len(sets[0].train_set) + len(sets[0].val_set)
+    assert sum(len(v) for v in vals) == n_pool                             # the folds partition train + val
+    for v in vals:                                                        # stratified: each class in each fold
+        assert set(v.tolist()) == set(range(10))
+    import torch
+
+    for s in sets[1:]:                                                    # the test split: the same, outside
+        assert torch.equal(s.test_set.tensors[0], sets[0].test_set.tensors[0])
+
+
+@pytest.mark.parametrize("folds, fold, message", [
+    (5, 5, r"data.fold=5 with data.folds=5: the folds are numbered 0 to 4.*data.fold='range\(5\)'"),
+    (1, 0, r"data.folds=1: cross-validation needs at least 2 folds"),
+    (300, 0, r"data.folds=300: class \S+ has \d+ example\(s\) .* fewer than the folds"),
+])
+def test_bad_folds_are_refused(small_data, tmp_path, folds, fold, message):
+    from attnlab.data.text_classification import TextClassificationDataModule
+    from attnlab.errors import UserError
+
+    dm = TextClassificationDataModule(root=str(small_data / "sst2"), folds=folds, fold=fold,
+                                      cache_dir=str(tmp_path / "cache"), tokenizer_vocab_size=200)
+    with pytest.raises(UserError, match=message):
+        dm.setup("fit")
+
+
+def test_fold_multirun_prints_the_mean_over_folds(small_data, tmp_path):
+    env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
+    out = run_cli("train.py", "-m", "data=digits", "data.folds=3", "data.fold=range(3)", *QUICK, env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "grouped by data.fold" in out.stdout and "0, 1, 2" in out.stdout

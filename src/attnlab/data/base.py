@@ -24,6 +24,30 @@ def split_by_fraction(n: int, fractions: list[float], seed: int) -> list[list[in
     return out
 
 
+def kfold(labels, folds: int, fold: int, seed: int) -> tuple[list[int], list[int]]:
+    """(training, validation) indices of fold `fold` of `folds` stratified folds of `labels` (scikit-learn's
+    StratifiedKFold, shuffled with `seed`): every class is spread evenly over the folds."""
+    from collections import Counter
+
+    import numpy as np
+    from sklearn.model_selection import StratifiedKFold
+
+    if folds < 2:
+        raise UserError(f"data.folds={folds}: cross-validation needs at least 2 folds (data.folds=null turns it off).")
+    if not 0 <= fold < folds:
+        raise UserError(f"data.fold={fold} with data.folds={folds}: the folds are numbered 0 to {folds - 1}. Run them "
+                        f"all with: python train.py -m data.folds={folds} data.fold='range({folds})'")
+    counts = Counter(labels)
+    label, smallest = min(counts.items(), key=lambda kv: kv[1])
+    if smallest < folds:
+        raise UserError(f"data.folds={folds}: class {label} has {smallest} example(s) in the training and validation "
+                        f"data together, fewer than the folds, so the folds cannot each hold it (stratified). Use "
+                        f"data.folds={max(2, smallest)} or fewer, or add examples of that class.")
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    train, val = list(splitter.split(np.zeros(len(labels)), list(labels)))[fold]
+    return train.tolist(), val.tolist()
+
+
 class BaseDataModule(L.LightningDataModule):
     """Subclasses implement `build_splits()` returning (train, val, test) datasets and may extend `meta`."""
 

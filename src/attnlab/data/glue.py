@@ -59,11 +59,13 @@ class GlueDataModule(TextClassificationDataModule):
                            for i in range(len(part))]
         return rows
 
+    fold_pool = ("train",)  # GLUE's validation set is the test split here: folds divide the training set
+
     def label_names(self, labels: set[str]) -> list[str]:
         return [n for n in self._names if n in labels] if self._names else super().label_names(labels)
 
     def corpus_key(self) -> dict:
-        return {"glue": self.task, "source": self.local_path or self.path}
+        return {"glue": self.task, "source": self.local_path or self.path} | self.fold_key()
 
     def where(self, split: str) -> str:
         return f"GLUE {self.task} ({'train' if split == 'train' else self.val_split})"

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from attnlab.compat import keep_own_batch_sampler
-from attnlab.data.base import BaseDataModule
+from attnlab.data.base import BaseDataModule, kfold
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.info import DataInfo
 from attnlab.data.parallel_sets import BucketBatchSampler
@@ -105,6 +105,9 @@ class TextClassificationDataModule(BaseDataModule):
         tokenizer: wordpiece (learned on the training texts, tokenizer_vocab_size entries); replaced by the
             tokenizer of the weights the run starts from (model.init_from) when it has one.
         max_length: tokens per example, [CLS]/[SEP] included; longer ones are cut.
+        folds / fold: k-fold cross-validation: training and validation rows together, split into `folds`
+            stratified folds with the run's seed; fold `fold` validates, the others train (the test split stays
+            out). `python train.py -m data.folds=5 data.fold='range(5)'` runs them all.
     """
 
     def __init__(self, kind: str = "text_classification", name: str = "text_classification", root: str = ".",
@@ -112,8 +115,10 @@ class TextClassificationDataModule(BaseDataModule):
                  text_columns: list[str] | None = None, label_column: str = "label", tokenizer: str = "wordpiece",
                  tokenizer_vocab_size: PositiveInt = 8192, lowercase: bool = True, min_frequency: PositiveInt = 2,
                  max_length: PositiveInt = 128, encoding: Encoding = "utf-8", cache_dir: str = ".cache",
-                 num_classes: int | None = None, vocab_size: int | None = None, **base: Any):
+                 num_classes: int | None = None, vocab_size: int | None = None, folds: int | None = None,
+                 fold: int = 0, **base: Any):
         super().__init__(kind=kind, **base)
+        self.folds, self.fold = folds, int(fold)
         self.name, self.root = name, Path(root).expanduser()
         self.files = {"train": train, "val": val, "test": test or val}
         self.text_columns = list(text_columns or ["sentence"])
@@ -127,6 +132,8 @@ class TextClassificationDataModule(BaseDataModule):
         self.class_names: list[str] | None = None
         self.num_classes = num_classes
         self.rows: dict[str, list[dict[str, str]]] = {}
+
+    fold_pool = ("train", "val")  # the splits data.folds divides (never the test split)
 
     def use_tokenizer(self, tokenizer_json: str) -> None:
         """The tokenizer of the weights the run starts from (the entry point hands it over before setup)."""
@@ -143,6 +150,10 @@ class TextClassificationDataModule(BaseDataModule):
         if self.rows:
             return
         self.rows = self.load_rows()
+        if self.folds:  # k-fold cross-validation over training + validation; the test split stays out
+            pool = [r for split in self.fold_pool for r in self.rows[split]]
+            train, val = kfold([r[self.label_column] for r in pool], int(self.folds), self.fold, self.seed)
+            self.rows = self.rows | {"train": [pool[i] for i in train], "val": [pool[i] for i in val]}
         labels = self.label_names({r[self.label_column] for r in self.rows["train"]})
         if len(labels) < 2:
             raise UserError(f"the training data {self.where('train')} has {len(labels)} label value(s) in "
@@ -170,7 +181,10 @@ class TextClassificationDataModule(BaseDataModule):
 
     def corpus_key(self) -> dict:
         """What identifies the training texts (the cache key of the tokenizer learned on them)."""
-        return {"files": file_identity(self.root / self.files["train"]), "columns": self.text_columns}
+        return {"files": file_identity(self.root / self.files["train"]), "columns": self.text_columns} | self.fold_key()
+
+    def fold_key(self) -> dict:
+        return {"folds": self.folds, "fold": self.fold, "seed": self.seed} if self.folds else {}
 
     def where(self, split: str) -> str:
         return str(self.root / self.files[split])
