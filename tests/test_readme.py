@@ -162,6 +162,8 @@ class Runner:
         else:
             assert argv[0] == "python", cmd.text
             program, args = argv[1], argv[2:]
+        if program == "attnlab.compare":  # reads the runs of the block's earlier commands
+            return self.subprocess(["-m", program, *args], env_prefix)
         if program.startswith("benchmarks/"):  # as written, then the budget (later flags win)
             budget = [a.format(cwd=self.cwd) for a in BENCHMARK_BUDGET[Path(program).name]]
             return self.subprocess([str(ROOT / program), *args, *budget], env_prefix)
