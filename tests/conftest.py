@@ -77,3 +77,14 @@ def log_env(tmp_path):
 
 # quiet, quick settings for in-process training runs
 FAST = ["callbacks.progress_bar=null", "callbacks.model_summary=null", "extras.print_config=false"]
+
+
+@pytest.fixture
+def hub_offline(monkeypatch):
+    """No network to the Hugging Face hub, at once: the environment variables for new processes and the flags that
+    `datasets` and `huggingface_hub` read when first imported (an earlier test may have imported them)."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for module, flag in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
+                         ("datasets.config", "HF_DATASETS_OFFLINE")):
+        monkeypatch.setattr(f"{module}.{flag}", True, raising=False)

@@ -300,7 +300,7 @@ def test_glue_from_a_saved_dataset_with_pairs_names_and_mcc(tmp_path):
     assert metrics["test/mcc"] > 0.5                                    # word order is learnable
 
 
-def test_glue_offline_and_bad_task_are_refused(tmp_path, monkeypatch):
+def test_glue_offline_and_bad_task_are_refused(tmp_path, hub_offline):
     from attnlab.data.glue import GlueDataModule
 
     with pytest.raises(UserError, match="stsb is a regression task"):
@@ -308,8 +308,6 @@ def test_glue_offline_and_bad_task_are_refused(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"GLUE mrpc is a sentence-pair task with the text column\(s\) sentence1, "
                                         "sentence2. Leave data.text_columns=null"):
         GlueDataModule(task="mrpc", text_columns=["sentence1"])
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     dm = GlueDataModule(task="mrpc", cache_dir=str(tmp_path / "cache"))
     with pytest.raises(UserError, match=r"could not load 'nyu-mll/glue' \(mrpc\).*save_to_disk.*data.local_path"):
         dm.setup("fit")

@@ -34,8 +34,7 @@ def test_fast_dev_run_of_each_lm_experiment(tmp_path, small_data, experiment, ex
         assert 0 <= metrics["val/acc"] <= 1
 
 
-def test_gpt2_owt_needs_the_hub_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # fail at once instead of retrying a network that is not there
+def test_gpt2_owt_needs_the_hub_and_says_so(tmp_path, hub_offline):
     cfg = compose_cfg(["experiment=gpt2_owt", "debug=fdr", "model.n_layer=1", "model.compile=false",
                        "data.num_workers=0", *GPT, *SMALL], tmp_path)
     # offline, GPT-2's tokenizer (the first thing the data needs from the hub) cannot be fetched

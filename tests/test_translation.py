@@ -365,9 +365,7 @@ def test_missing_multi30k_files_say_where_to_put_them(tmp_path):
         train(cfg)
 
 
-def test_hub_translation_data_offline_says_so(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_hub_translation_data_offline_says_so(tmp_path, hub_offline):
     cfg = compose_cfg(["model=transformer_seq2seq_small", "data=wmt16_ro_en", "debug=fdr", *FAST], tmp_path)
     with pytest.raises(UserError, match="could not load the hub dataset 'wmt16'.*go online"):
         train(cfg)
