@@ -119,20 +119,6 @@ def test_multirun_with_ddp_writes_one_directory_per_job(tmp_path, log_env):
     assert all((sweep / j / "metrics.json").exists() for j in jobs)
 
 
-def test_optuna_sweep_optimizes_the_returned_metric(tmp_path, log_env):
-    out = run_cli("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2", *QUICK,
-                  env=log_env)
-    assert out.returncode == 0, out.stdout[-3000:]
-    (result,) = (tmp_path / "logs").rglob("optimization_results.yaml")
-    best = yaml.safe_load(result.read_text())
-    assert 0.0 <= best["best_value"] <= 1.0 and "optimizer.lr" in best["best_params"]
-    import pandas as pd
-
-    table = pd.read_csv(result.parent / "results.csv")  # one row per trial: its parameters and its metric
-    assert list(table["job"]) == [0, 1] and table["overrides"].str.contains("optimizer.lr=").all()
-    assert (table["metric"] == "val/acc_best").all() and table["value"].max() == pytest.approx(best["best_value"])
-
-
 def _append_rows(path, worker: int) -> None:
     from attnlab.cli.training import append_row
 

@@ -24,6 +24,7 @@ BOUNDED = {
     "hydra-core": "HydraConfig and the launcher/sweeper plugin names",
     "omegaconf": "resolver and flag behaviour",
     "segmentation-models-pytorch": "the encoder wrapper's parameter names",
+    "optuna": "Study._storage (the sweeper marks a trial interrupted before failing it)",
 }
 
 
@@ -96,3 +97,13 @@ def test_the_installed_versions_are_within_the_bounds():
         if req.marker is None and req.name.lower() in BOUNDED:
             assert req.specifier.contains(version(req.name), prereleases=True), f"{req.name} {version(req.name)} " \
                 f"is outside {req.specifier}"
+
+
+def test_optuna_study_storage_user_attrs():
+    import optuna
+
+    study = optuna.create_study()
+    trial = study.ask()
+    study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)  # what the sweeper does
+    study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    assert study.trials[0].user_attrs == {"interrupted": True}

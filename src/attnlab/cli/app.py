@@ -47,10 +47,10 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
             print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.log")
         return fn(cfg)
     except UserError as e:
-        _fail(e)
+        fail(e)
     except Exception as e:  # a UserError raised in a DataLoader worker comes back as another type
         if _ERROR_MARK in str(e):
-            _fail(e)
+            fail(e)
         raise
     finally:
         _finish_wandb()
@@ -62,7 +62,7 @@ def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
     try:
         check(*args)
     except UserError as e:
-        _fail(e)
+        fail(e)
 
 
 def null_groups(argv: list[str], conf_dir: Path) -> list[str]:
@@ -102,7 +102,8 @@ def check_output_paths(argv: list[str]) -> None:
                             "at a folder you can write to.")
 
 
-def _fail(e: BaseException) -> None:
+def fail(e: BaseException) -> None:
+    """The one place a UserError is printed: one paragraph on stderr, no traceback, exit status 2."""
     msg = user_message(e)
     print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)

@@ -1,5 +1,5 @@
 """Hydra plugins that config options need (launcher=slurm -> hydra-submitit-launcher, an Optuna hparams_search ->
-hydra-optuna-sweeper): checked before Hydra composes, which would otherwise stop at a missing config deep in its
+optuna): checked before Hydra composes, which would otherwise stop at a missing config deep in its
 defaults tree without naming the package to install."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from attnlab.errors import UserError
 PLUGINS = {
     "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
     "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
-    "optuna": ("hydra_plugins.hydra_optuna_sweeper", "hydra-optuna-sweeper"),
+    "optuna": ("optuna", "optuna"),  # the sweeper itself ships with attnlab (hydra_plugins.attnlab_optuna_sweeper)
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
     "ray": ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"),
     "rq": ("hydra_plugins.hydra_rq_launcher", "hydra-rq-launcher"),

@@ -1,0 +1,106 @@
+"""Optuna sweeps that survive: the study in SQLite under logs/<task>/optuna/, continued by the same command after a
+SIGTERM between trials and a SIGKILL during one, with finished trials kept, job numbers going on and the killed
+trial run again; and the refusals of a study that cannot be continued."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import DATA_DIR, ROOT, run_cli
+from test_cli import QUICK
+
+optuna = pytest.importorskip("optuna")
+SWEEP = ["-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=4", *QUICK]
+
+
+def _rows(logs: Path) -> pd.DataFrame:
+    tables = [pd.read_csv(p).assign(sweep=p.parent.name) for p in sorted(logs.rglob("results.csv"))]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["job", "sweep"])
+
+
+def _run_until(log_env: dict, out: Path, stop, sig: int) -> int:
+    """Start the sweep; send `sig` as soon as stop() holds; the process's exit code."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(DATA_DIR)} | log_env
+    with open(out, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *SWEEP], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not stop() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        return proc.wait(timeout=120)
+
+
+def _study(logs: Path):
+    (db,) = logs.glob("*/optuna/vit_digits.db")
+    return optuna.load_study(study_name="vit_digits", storage=f"sqlite:///{db}")
+
+
+def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
+    logs = tmp_path / "logs"
+    # 1. SIGTERM once two trials have finished
+    _run_until(log_env, tmp_path / "a.log", lambda: len(_rows(logs)) >= 2, signal.SIGTERM)
+    first = _rows(logs)
+    assert len(first) >= 2 and len(first) < 4, (tmp_path / "a.log").read_text()[-3000:]
+    # 2. the same command again; SIGKILL while its second trial trains (a job folder past the last row, 1 s in)
+    started = {}
+
+    def training_again() -> bool:
+        rows = _rows(logs)
+        if len(rows) <= len(first):
+            return False
+        running = [p for p in logs.glob("*/multiruns/*/*") if p.name.isdigit() and int(p.name) > rows["job"].max()]
+        started.setdefault("at", time.monotonic()) if running else None
+        return bool(running) and time.monotonic() - started["at"] > 1.0
+
+    rc = _run_until(log_env, tmp_path / "b.log", training_again, signal.SIGKILL)
+    second = (tmp_path / "b.log").read_text()
+    assert rc == -signal.SIGKILL, second[-3000:]
+    assert f"Continuing Optuna study 'vit_digits'" in second and f"{len(first)} of 4 trials finished" in second
+    # 3. and again, to the end
+    out = run_cli("train.py", *SWEEP, env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "was interrupted: it runs again" in out.stdout
+
+    study = _study(logs)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(complete) == 4  # the total asked for, over the three commands
+    assert failed and all(t.user_attrs.get("interrupted") for t in failed)  # at least the killed one
+    for t in failed:  # each interrupted trial ran again with its parameters
+        (rerun,) = [c for c in complete if c.user_attrs.get("rerun_of") == t.number]
+        assert rerun.params == t.params
+    # a seeded sampler does not draw its first points again in a continued study
+    drawn = [tuple(sorted(t.params.items())) for t in complete if "rerun_of" not in t.user_attrs]
+    assert len(set(drawn)) == len(drawn), drawn
+    rows = _rows(logs)
+    done_first = rows[rows["sweep"] == rows["sweep"].min()]
+    # finished trials were not run again: every completed trial has one row, and the job numbers never repeat
+    assert rows["job"].is_unique and len(rows) == 4, rows
+    assert sorted(rows["job"]) == sorted(t.number for t in complete)
+    assert rows["job"].max() > done_first["job"].max()
+    best = yaml.safe_load(next(iter(sorted(logs.rglob("optimization_results.yaml")))).read_text())
+    assert best["n_trials_complete"] == 4 and best["best_value"] == pytest.approx(study.best_value)
+    assert best["best_value"] == pytest.approx(rows["value"].max())
+
+    # 4. a study that cannot be continued: another sweep holds it, or the search now goes the other way
+    from filelock import FileLock
+
+    (db,) = logs.glob("*/optuna/vit_digits.db")
+    with FileLock(str(db) + ".lock"):
+        held = run_cli("train.py", *SWEEP, "hydra.sweeper.n_trials=5", env=log_env)
+    assert held.returncode != 0 and "Another sweep is running the Optuna study 'vit_digits'" in held.stdout
+    assert "hydra.sweeper.study_name=<name>" in held.stdout and "Traceback" not in held.stdout
+    flipped = run_cli("train.py", *SWEEP, "hydra.sweeper.direction=minimize", "hydra.sweeper.n_trials=5", env=log_env)
+    assert flipped.returncode != 0 and "was started to maximize" in flipped.stdout, flipped.stdout[-2000:]
+    assert len(_study(logs).trials) == len(study.trials)  # nothing ran
