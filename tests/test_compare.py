@@ -145,6 +145,47 @@ def test_folds_partition_train_and_val_stratified_and_leave_test_out(tmp_path):
         assert torch.equal(s.test_set.tensors[0], sets[0].test_set.tensors[0])
 
 
+def _image_tree(root, layout: str) -> None:
+    """3 classes x 12 tiny PNGs: flat (root/<class>/), or split into train/ and val/ (and test/) folders."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog", "owl"):
+        for i in range(12):
+            split = {"flat": "", "train_val": "train" if i < 9 else "val",
+                     "train_val_test": "train" if i < 6 else "val" if i < 9 else "test"}[layout]
+            d = root / split / c
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(d / f"{i}.png")
+
+
+@pytest.mark.parametrize("layout", ["flat", "train_val", "train_val_test"])
+def test_image_folds_partition_train_and_val_and_leave_test_out(tmp_path, layout):
+    from attnlab.data.imagefolder import ImageFolderDataModule
+
+    _image_tree(tmp_path, layout)
+
+    def paths(ds) -> list[str]:
+        if hasattr(ds, "indices"):
+            return [ds.base.samples[i][0] for i in ds.indices]
+        return [p for p, _ in ds.samples]
+
+    runs = []
+    for fold in range(3):
+        dm = ImageFolderDataModule(root=str(tmp_path), folds=3, fold=fold, seed=7, image_size=8, batch_size=4,
+                                   augment=None, test_fraction=0.25)
+        dm.setup("fit")
+        runs.append((paths(dm.train_set), paths(dm.val_set), paths(dm.test_set)))
+    pool = set(runs[0][0]) | set(runs[0][1])
+    assert sorted(v for _, val, _ in runs for v in val) == sorted(pool)   # the folds partition train + val
+    for train, val, test in runs:
+        assert not set(train) & set(val) and set(train) | set(val) == pool
+        assert {p.split("/")[-2] for p in val} == {"cat", "dog", "owl"}   # stratified
+        assert test == runs[0][2] and not set(test) & pool                # the test images: the same, outside
+    assert len(pool) + len(runs[0][2]) == 36
+
+
 @pytest.mark.parametrize("folds, fold, message", [
     (5, 5, r"data.fold=5 with data.folds=5: the folds are numbered 0 to 4.*data.fold='range\(5\)'"),
     (1, 0, r"data.folds=1: cross-validation needs at least 2 folds"),

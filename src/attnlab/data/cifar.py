@@ -128,6 +128,7 @@ class CIFARDataModule(ImageDataModule):
         self.check_num_classes(len(names), str(self.data_dir))
         self.class_names = [str(n) for n in names]
         val_idx, train_idx = split_by_fraction(len(y_train), [self.val_fraction], self.seed)
+        train_idx, val_idx = self.train_val(y_train, train_idx, val_idx)
         base = ArrayImages(x_train, y_train)
         # PNG folders list the test set class by class: a fixed shuffle makes limit_test_batches a fair sample
         order = np.random.default_rng(0).permutation(len(y_test))

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from attnlab.data.base import kfold, split_by_fraction
+from attnlab.data.base import split_by_fraction
 from attnlab.data.images import ImageDataModule
 from attnlab.types import Fraction
 
@@ -33,14 +33,13 @@ class DigitsDataModule(ImageDataModule):
     """
 
     def __init__(self, test_fraction: Fraction = 0.2, val_fraction: Fraction = 0.1, split_seed: int = 0,
-                 folds: int | None = None, fold: int = 0, **kwargs: Any):
+                 **kwargs: Any):
         kwargs = {"num_classes": 10, "image_size": 8, "channels": 1,
                   "augment": {"degrees": 10, "translate": 0.1, "scale": (0.9, 1.1)}} | kwargs
         super().__init__(test_fraction=test_fraction, val_fraction=val_fraction, **kwargs)
         self.check_num_classes(10, "the digits dataset")
         self.class_names = [str(i) for i in range(10)]
         self.split_seed = split_seed
-        self.folds, self.fold = folds, int(fold)
 
     def build_splits(self):
         from sklearn.datasets import load_digits
@@ -55,10 +54,7 @@ class DigitsDataModule(ImageDataModule):
         y = torch.tensor(digits.target, dtype=torch.long)
         test_idx, val_idx, train_idx = split_by_fraction(
             len(y), [self.test_fraction, self.val_fraction], self.split_seed)
-        if self.folds:  # k-fold cross-validation over training + validation (the run's seed); test stays out
-            pool = val_idx + train_idx
-            train, val = kfold(y[pool].tolist(), int(self.folds), self.fold, self.seed)
-            train_idx, val_idx = [pool[i] for i in train], [pool[i] for i in val]
+        train_idx, val_idx = self.train_val(y.tolist(), train_idx, val_idx)
         val, test = TensorDataset(x[val_idx], y[val_idx]), TensorDataset(x[test_idx], y[test_idx])
         if not self.augment:
             return TensorDataset(x[train_idx], y[train_idx]), val, test

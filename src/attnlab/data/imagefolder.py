@@ -58,17 +58,24 @@ class ImageFolderDataModule(ImageDataModule):
 
     def build_splits(self):
         tr, ev = self.train_transform(), self.eval_transform()
+        test = None
         if "all" in self.splits:
-            base = FileImages(self.splits["all"], self.channels)
+            samples = self.splits["all"]
             test_idx, val_idx, train_idx = split_by_fraction(
-                len(base), [self.test_fraction, self.val_fraction], self.seed)
-            return Transformed(base, train_idx, tr), Transformed(base, val_idx, ev), Transformed(base, test_idx, ev)
-        train = FileImages(self.splits["train"], self.channels)
-        if "val" in self.splits:
-            val = FileImages(self.splits["val"], self.channels, ev)
-            train_set = Transformed(train, None, tr)
-        else:
-            val_idx, train_idx = split_by_fraction(len(train), [self.val_fraction], self.seed)
-            val, train_set = Transformed(train, val_idx, ev), Transformed(train, train_idx, tr)
-        test = FileImages(self.splits["test"], self.channels, ev) if "test" in self.splits else val
+                len(samples), [self.test_fraction, self.val_fraction], self.seed)
+            test = Transformed(FileImages(samples, self.channels), test_idx, ev)
+        elif "val" in self.splits and ("test" in self.splits or not self.folds):
+            samples = self.splits["train"] + self.splits["val"]
+            n = len(self.splits["train"])
+            train_idx, val_idx = list(range(n)), list(range(n, len(samples)))
+        else:  # no val folder, or folds with the val folder as the only test set: folds divide the train folder
+            samples = self.splits["train"]
+            val_idx, train_idx = split_by_fraction(len(samples), [self.val_fraction], self.seed)
+            if "val" in self.splits:
+                test = FileImages(self.splits["val"], self.channels, ev)
+        train_idx, val_idx = self.train_val([label for _, label in samples], train_idx, val_idx)
+        base = FileImages(samples, self.channels)
+        train_set, val = Transformed(base, train_idx, tr), Transformed(base, val_idx, ev)
+        if test is None:
+            test = FileImages(self.splits["test"], self.channels, ev) if "test" in self.splits else val
         return train_set, val, test

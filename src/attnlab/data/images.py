@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from attnlab.data.base import BaseDataModule
+from attnlab.data.base import BaseDataModule, kfold
 from attnlab.data.info import DataInfo
 from attnlab.data.transforms import eval_transform, train_transform
 from attnlab.errors import UserError
@@ -114,6 +114,8 @@ class ImageDataModule(BaseDataModule):
         augment: dict[str, Any] | None = None,
         val_fraction: Fraction = 0.1,
         test_fraction: Fraction = 0.1,
+        folds: PositiveInt | None = None,
+        fold: int = 0,
         **loader: Any,
     ):
         super().__init__(kind=kind, **loader)
@@ -126,7 +128,17 @@ class ImageDataModule(BaseDataModule):
             raise UserError(f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave no "
                             "training images (they must sum to less than 1): lower them, e.g. 0.1 each.")
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.folds, self.fold = folds, int(fold)
         self.class_names: list[str] | None = None
+
+    def train_val(self, labels: Sequence[int], train_idx: Sequence[int], val_idx: Sequence[int]):
+        """(training, validation) indices: the fraction split as given, or with `data.folds=K data.fold=i` fold i
+        of K stratified folds of training + validation together (the run's seed; the test split stays out)."""
+        if not self.folds:
+            return list(train_idx), list(val_idx)
+        pool = [int(i) for i in val_idx] + [int(i) for i in train_idx]
+        train, val = kfold([int(labels[i]) for i in pool], int(self.folds), self.fold, self.seed)
+        return [pool[i] for i in train], [pool[i] for i in val]
 
     def info(self) -> DataInfo:
         return DataInfo(self.kind, num_classes=self.num_classes, image_size=self.image_size, channels=self.channels,

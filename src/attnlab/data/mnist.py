@@ -74,8 +74,10 @@ class MNISTDataModule(ImageDataModule):
             images, labels = test
             test_idx, val_idx, train_idx = split_by_fraction(len(labels), [self.test_fraction, self.val_fraction],
                                                              self.seed)
+            train_idx, val_idx = self.train_val(labels, train_idx, val_idx)
             base = ArrayImages(images, labels)
             return Transformed(base, train_idx, tr), Transformed(base, val_idx, ev), Transformed(base, test_idx, ev)
         val_idx, train_idx = split_by_fraction(len(train[1]), [self.val_fraction], self.seed)
+        train_idx, val_idx = self.train_val(train[1], train_idx, val_idx)
         base = ArrayImages(*train)
         return Transformed(base, train_idx, tr), Transformed(base, val_idx, ev), ArrayImages(*test, transform=ev)
