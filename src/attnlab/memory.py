@@ -343,8 +343,9 @@ def check_fits(est: MemoryEstimate, data_cfg: dict, force: bool = False) -> None
     raise UserError(message)
 
 
-def check_run_memory(cfg, task, dm) -> MemoryEstimate | None:
-    """Estimate the run's memory and refuse it when it does not fit (extras.force=true: warn and go on)."""
+def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | None:
+    """Estimate the run's memory and refuse it when it does not fit (extras.force=true: warn and go on;
+    refuse=false: only the estimate, for preflight=true to report)."""
     from omegaconf import OmegaConf
 
     from attnlab.cli.builders import check_devices, device_count
@@ -372,6 +373,7 @@ def check_run_memory(cfg, task, dm) -> MemoryEstimate | None:
         return None
     log.info("memory: about %s; available %s", est.describe(),
              "unknown" if est.available is None else f"{est.available / GiB:.2f} GiB per process")
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    check_fits(est, data_cfg, force=bool((cfg.get("extras") or {}).get("force")))
+    if refuse:
+        data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+        check_fits(est, data_cfg, force=bool((cfg.get("extras") or {}).get("force")))
     return est

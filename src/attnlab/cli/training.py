@@ -47,6 +47,10 @@ def train(cfg: DictConfig) -> float | None:
 
     dm = builders.build_datamodule(cfg.data, tokenizer=builders.init_tokenizer(cfg))
     model = builders.build_task(cfg, dm)
+    if cfg.get("preflight"):  # time a few steps, print what the run will cost, write nothing
+        from attnlab.cli.preflight import preflight
+
+        return preflight(cfg, model, dm)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if in_run_dir:
         builders.check_same_model(meta, resolved["model"], ckpt_path)

@@ -1,0 +1,286 @@
+"""`python train.py <anything> preflight=true`: what the configured run will cost, measured before waiting for it.
+
+It builds everything the run would (data, model, trainer with its precision, strategy and compile settings), trains
+`preflight_steps` batches and times the steady state after two warm-up ones, times one validation batch, and
+prints: parameters, samples/s and tokens/s, MFU against the device's peak (utils/flops.py), the peak memory measured
+beside the estimate that refuses runs too large for the machine and what the machine has, the time the configured
+run will take to its step or epoch budget (validation and test included), and the largest `data.batch_size` that
+fits (the memory estimate on CPU; on a GPU, Lightning's batch-size finder, which halves on an out-of-memory error).
+Nothing is written to the run's checkpoints or loggers. In a multirun, each job prints its one-line summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger("attnlab")
+WARMUP = 2  # batches before the clock starts: allocator, cudnn autotuning, torch.compile
+
+
+class StepTimer(L.Callback):
+    """Seconds per training batch (data loading included: the time between consecutive batch ends) after WARMUP
+    batches, with their samples, tokens and FLOPs; and seconds per validation batch after the first."""
+
+    def __init__(self, flops_per_sample: float | None):
+        self.flops_per_sample = flops_per_sample
+        self.batch_s: list[float] = []
+        self.val_s: list[float] = []
+        self.samples = self.tokens = 0
+        self.flops = 0.0
+        self._last: float | None = None
+        self._seen = 0
+
+    @staticmethod
+    def _now(pl_module) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = self._now(pl_module)
+        self._seen += 1
+        if self._seen > WARMUP and self._last is not None:
+            self.batch_s.append(now - self._last)
+            n = pl_module.batch_size_of(batch) if hasattr(pl_module, "batch_size_of") else _leading(batch)
+            self.samples += n
+            self.tokens += pl_module.tokens_of(batch) if hasattr(pl_module, "tokens_of") else 0
+            if self.flops_per_sample:
+                self.flops += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else \
+                    self.flops_per_sample * n
+        self._last = now
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._val_start = self._now(pl_module)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.val_s.append(self._now(pl_module) - self._val_start)
+
+
+def _leading(batch) -> int:
+    while isinstance(batch, (list, tuple, dict)) and len(batch):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.ndim else 1
+
+
+@dataclass
+class Report:
+    params: int
+    device: str
+    batch_s: float | None = None
+    samples_s: float | None = None
+    tokens_s: float | None = None
+    mfu: float | None = None
+    peak: tuple[str, int] | None = None
+    estimate: object = None
+    available: int | None = None
+    run_s: float | None = None
+    run_parts: dict[str, float] = field(default_factory=dict)
+    max_batch: int | None = None
+    max_batch_how: str = ""
+    skipped: str = ""
+
+    def line(self) -> str:
+        """One line: what a sweep prints per job."""
+        from attnlab.memory import GiB
+
+        parts = [f"{self.params / 1e6:.2f}M params"]
+        if self.samples_s:
+            parts.append(f"{self.samples_s:,.1f} samples/s" + (f", {self.tokens_s:,.0f} tokens/s" if self.tokens_s
+                                                              else ""))
+        if self.mfu is not None:
+            parts.append(f"MFU {100 * self.mfu:.1f}%")
+        if self.peak:
+            parts.append(f"peak {self.peak[0]} {self.peak[1] / GiB:.2f} GiB")
+        if self.estimate is not None:
+            parts.append(f"estimate {self.estimate.total / GiB:.2f} GiB")
+        if self.available:
+            parts.append(f"available {self.available / GiB:.2f} GiB")
+        if self.run_s is not None:
+            parts.append(f"run ≈ {_duration(self.run_s)}")
+        if self.max_batch:
+            parts.append(f"largest data.batch_size ≈ {self.max_batch}")
+        return "; ".join(parts) + (f" ({self.skipped})" if self.skipped else "")
+
+
+def _duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+# ---- the budget of the configured run
+def _limited(n: int, limit) -> int:
+    if limit is None:
+        return n
+    return min(n, int(limit)) if isinstance(limit, int) or (isinstance(limit, float) and limit > 1) else \
+        int(n * float(limit))
+
+
+def _run_seconds(cfg: DictConfig, dm, train_batches: int, batch_s: float, val_batch_s: float | None
+                 ) -> tuple[float, dict[str, float]]:
+    """(total, {part: seconds}) of the configured run: its optimizer steps (max_steps, or max_epochs of the
+    epoch's batches), its validation passes and the test pass."""
+    t = cfg.trainer
+    accumulate = int(t.get("accumulate_grad_batches") or 1)
+    per_epoch = max(1, train_batches)
+    max_steps = int(t.get("max_steps") or -1)
+    max_epochs = t.get("max_epochs")
+    epochs_batches = per_epoch * int(max_epochs) if max_epochs not in (None, -1) else None
+    step_batches = max_steps * accumulate if max_steps > 0 else None
+    batches = min(b for b in (epochs_batches, step_batches, None) if b is not None) if (epochs_batches or
+                                                                                         step_batches) else per_epoch
+    parts = {"training": batches * batch_s}
+    if val_batch_s:
+        n_val = _loader_len(dm.val_dataloader())
+        n_val = _limited(n_val, t.get("limit_val_batches")) if n_val else 0
+        interval = t.get("val_check_interval")
+        every = t.get("check_val_every_n_epoch")
+        if isinstance(interval, int) and interval > 1:
+            passes = batches // interval
+        else:
+            per = max(1, round(1 / float(interval))) if interval else 1
+            epochs = batches / per_epoch
+            passes = int(epochs // int(every or 1)) * per if every else int(epochs) * per
+            passes = max(passes, 1)
+        parts["validation"] = passes * n_val * val_batch_s
+        if cfg.get("test", True):
+            n_test = _loader_len(dm.test_dataloader()) if hasattr(dm, "test_dataloader") else 0
+            parts["test"] = _limited(n_test, t.get("limit_test_batches")) * val_batch_s if n_test else 0.0
+    return sum(parts.values()), parts
+
+
+def _loader_len(loader) -> int:
+    try:
+        return len(loader)
+    except TypeError:
+        return 0
+
+
+# ---- the largest batch
+def _largest_batch_cpu(est, batch_size: int) -> int | None:
+    """From the estimate: the activations grow with the batch, the rest does not."""
+    if est is None or not est.available or not est.terms.get("activations"):
+        return None
+    per_sample = est.terms["activations"] / batch_size
+    fixed = est.total - est.terms["activations"]
+    return max(0, int((est.available - fixed) // per_sample))
+
+
+def _largest_batch_gpu(trainer_factory, model, dm) -> int | None:
+    from lightning.pytorch.tuner import Tuner
+
+    trainer = trainer_factory(max_steps=3)
+    return Tuner(trainer).scale_batch_size(model, datamodule=dm, mode="binsearch", steps_per_trial=2,
+                                           init_val=dm.batch_size, max_trials=12)
+
+
+# ---- the preflight
+def _flops(model) -> float | None:
+    try:
+        return model.flops_per_sample() if hasattr(model, "flops_per_sample") else None
+    except Exception:  # best effort, as for perf/mfu
+        return None
+
+
+def preflight(cfg: DictConfig, model, dm) -> None:
+    from attnlab.cli import builders
+    from attnlab.memory import check_run_memory, peak_memory
+    from attnlab.utils.flops import device_peak_flops
+
+    steps = max(1, int(cfg.get("preflight_steps") or 10))
+    estimate = check_run_memory(cfg, model, dm, refuse=False)
+    params = builders.count_parameters(model)
+    timer = StepTimer(_flops(model))
+
+    def trainer_factory(max_steps: int, callbacks=()):
+        run = cfg.copy()
+        with open_dict(run):
+            run.trainer.update(max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+                               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        return builders.build_trainer(run, list(callbacks), [])
+
+    report = Report(params=params["model/params_total"], device="")
+    report.estimate, report.available = estimate, getattr(estimate, "available", None)
+    fits = estimate is None or not estimate.available or estimate.total <= estimate.available
+    trainer = None
+    if fits:
+        trainer = trainer_factory(steps + WARMUP + 1, [timer])
+        trainer.fit(model, datamodule=dm)
+        trainer.limit_val_batches = 2  # the first batch starts the loader: the second is timed alone
+        trainer.validate(model, datamodule=dm, verbose=False)
+        device = trainer.strategy.root_device
+        report.device = f"{device.type.upper()}" + (f" {torch.cuda.get_device_name(device)}" if device.type == "cuda"
+                                                      else f", {torch.get_num_threads()} threads")
+        world = trainer.world_size
+        timed = sum(timer.batch_s)
+        if timed > 0:
+            report.batch_s = timed / len(timer.batch_s)
+            report.samples_s = timer.samples * world / timed
+            report.tokens_s = timer.tokens * world / timed or None
+            peak = device_peak_flops(device, trainer.precision) if timer.flops else None
+            report.mfu = timer.flops / timed / peak if peak else None
+            val_s = timer.val_s[-1] if timer.val_s else None
+            report.run_s, report.run_parts = _run_seconds(cfg, dm, trainer.num_training_batches, report.batch_s, val_s)
+        report.peak = peak_memory(device)
+    else:
+        report.skipped = "not run: the estimate exceeds what the machine has"
+    bs = int(cfg.data.get("batch_size") or dm.batch_size)
+    if torch.cuda.is_available() and trainer is not None and trainer.strategy.root_device.type == "cuda":
+        try:
+            report.max_batch = _largest_batch_gpu(lambda max_steps: trainer_factory(max_steps), model, dm)
+            report.max_batch_how = "Lightning's batch-size finder on this GPU"
+        except Exception as e:  # noqa: BLE001 - a report, not a run: say why there is no number
+            report.max_batch_how = f"not found ({type(e).__name__}: {e})"
+        finally:
+            dm.batch_size = bs
+    else:
+        report.max_batch = _largest_batch_cpu(estimate, bs)
+        report.max_batch_how = "from the memory estimate"
+    _print(cfg, report, steps, bs)
+
+
+def _print(cfg: DictConfig, r: Report, steps: int, bs: int) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from attnlab.memory import GiB
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        hc = HydraConfig.get()
+        log.info("preflight job %s (%s): %s", hc.job.num, " ".join(hc.overrides.task), r.line())
+        return
+    lines = [f"Preflight of {cfg.task_name} ({r.device or 'not run'}, precision {cfg.trainer.get('precision')}): "
+             f"{steps} timed training batches after {WARMUP} warm-up ones, one validation batch"]
+    lines.append(f"  parameters          {r.params / 1e6:.2f}M")
+    if r.batch_s:
+        speed = f"{1000 * r.batch_s:.1f} ms/batch; {r.samples_s:,.1f} samples/s"
+        lines.append(f"  speed               {speed}" + (f"; {r.tokens_s:,.0f} tokens/s" if r.tokens_s else ""))
+        lines.append("  MFU                 " + (f"{100 * r.mfu:.1f}% of the device's peak" if r.mfu is not None
+                                                 else "unknown (no FLOP count for this model or no peak for this "
+                                                      "device)"))
+    mem = []
+    if r.peak:
+        mem.append(f"{r.peak[1] / GiB:.2f} GiB measured ({r.peak[0]})")
+    if r.estimate is not None:
+        mem.append(f"{r.estimate.total / GiB:.2f} GiB estimated")
+    if r.available:
+        mem.append(f"{r.available / GiB:.2f} GiB available")
+    lines.append(f"  peak memory         {'; '.join(mem) or 'unknown'}")
+    if r.run_s is not None:
+        parts = " + ".join(f"{_duration(s)} {k}" for k, s in r.run_parts.items() if s)
+        lines.append(f"  the configured run  ≈ {_duration(r.run_s)} ({parts})")
+    lines.append(f"  largest batch       " + (f"data.batch_size ≈ {r.max_batch} ({r.max_batch_how}; now {bs})"
+                                             if r.max_batch else f"unknown ({r.max_batch_how})"))
+    if r.skipped:
+        lines.append(f"  training steps      {r.skipped}")
+    lines.append("Nothing was written to checkpoints or loggers; without preflight=true the run starts.")
+    log.info("\n".join(lines))
