@@ -152,7 +152,7 @@ def _run_seconds(cfg: DictConfig, dm, train_batches: int, batch_s: float, val_ba
             passes = int(epochs // int(every or 1)) * per if every else int(epochs) * per
             passes = max(passes, 1)
         parts["validation"] = passes * n_val * val_batch_s
-        if cfg.get("test", True):
+        if cfg.get("test", True) and not getattr(dm, "test_is_validation", False):
             n_test = _loader_len(dm.test_dataloader()) if hasattr(dm, "test_dataloader") else 0
             parts["test"] = _limited(n_test, t.get("limit_test_batches")) * val_batch_s if n_test else 0.0
     return sum(parts.values()), parts

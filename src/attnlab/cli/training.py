@@ -78,7 +78,10 @@ def train(cfg: DictConfig) -> float | None:
     train_metrics = dict(trainer.callback_metrics)
 
     test_metrics = {}
-    if cfg.get("test", True):
+    if cfg.get("test", True) and cfg.get("train", True) and getattr(dm, "test_is_validation", False):
+        log.info("no test pass: the test split of this data is its validation split, whose results (val/*) stand "
+                 "(data.test_files or data.test_fraction give it a test split of its own)")
+    elif cfg.get("test", True):
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if not cfg.get("train", True):
             best = ckpt_path or ""

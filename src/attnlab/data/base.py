@@ -51,6 +51,9 @@ def kfold(labels, folds: int, fold: int, seed: int) -> tuple[list[int], list[int
 class BaseDataModule(L.LightningDataModule):
     """Subclasses implement `build_splits()` returning (train, val, test) datasets and may extend `meta`."""
 
+    # set by a subclass whose test split is its validation split: train.py then runs no second pass over it
+    test_is_validation = False
+
     def __init__(
         self,
         kind: str,

@@ -214,9 +214,10 @@ class TextDataModule(BaseDataModule):
             arrays = {"train": (tokens.slice(0, n_train), ends), "val": (tokens.slice(n_train, n_train + n_val), ends)}
             if self.test_fraction > 0:
                 arrays["test"] = (tokens.slice(n_train + n_val, n), ends)
-        if "test" not in arrays:
+        if "test" not in arrays:  # eval.py tests on it; train.py does not pass over the validation split twice
             log.info("data=%s has no test split: the test split is the validation split", self.name)
             arrays["test"] = arrays["val"]
+            self.test_is_validation = True
         self._arrays = arrays
         self.token_arrays = {k: v[0] for k, v in arrays.items()}
         log.info("data=%s: vocabulary %d, tokens %s", self.name, self.tokenizer.vocab_size,
