@@ -93,3 +93,53 @@ def test_the_limits_per_process_and_on_a_gpu(monkeypatch):
     with pytest.raises(UserError, match=r"more than 90% of the free memory of the GPU .* largest part is optimizer "
                                         r"state .*trainer=fsdp"):
         memory.check_fits(est, {"batch_size": 8})
+
+
+# ---- memory flat in corpus size: a generated corpus of a few hundred MB against 1 MB, each process's own peak RSS
+
+CORPUS_MB = 200
+FLAT = ["model=gpt_char", "data=text", "data.name=generated", "data.tokenizer=char", "model.n_layer=1",
+        "model.n_head=2", "model.n_embd=32", "data.block_size=64", "data.batch_size=8", "data.num_workers=0",
+        "trainer.max_steps=20", "trainer.max_epochs=-1", "trainer.limit_val_batches=2",
+        "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=20", "test=false", "logger=csv",
+        "model.sample_tokens=0", "extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+def _corpus(path, megabytes: int):
+    """Lines of random words over 40 characters, 1 MB of them repeated `megabytes` times."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    chars = np.array(list("abcdefghijklmnopqrstuvwxyz     ,.;:!?ABCDE"))
+    block = "".join(chars[rng.integers(0, len(chars), 1 << 20)])
+    block = "\n".join(block[i:i + 60] for i in range(0, len(block), 60)) + "\n"
+    with open(path, "w") as f:
+        for _ in range(megabytes):
+            f.write(block)
+    return path
+
+
+def _peak_gib(out: str) -> float:
+    import re
+
+    m = re.search(r"peak memory \(CPU\)\s+([\d.]+) GiB", out)
+    assert m, out[-3000:]
+    return float(m.group(1))
+
+
+@pytest.mark.timeout(900)
+def test_training_memory_is_flat_in_corpus_size_and_tokenizing_is_bounded(tmp_path, log_env):
+    from conftest import run_cli
+
+    def run(corpus) -> float:
+        out = run_cli("train.py", *FLAT, f"data.files=[{corpus}]", env=log_env)
+        assert out.returncode == 0, out.stdout[-3000:]
+        return _peak_gib(out.stdout)
+
+    small = run(_corpus(tmp_path / "small.txt", 1))
+    large = _corpus(tmp_path / "large.txt", CORPUS_MB)
+    tokenizing = run(large)  # tokenizes the 200 MB into the cache, then trains
+    cached = run(large)      # reads the cached tokens
+    print(f"peak RSS: 1 MB {small:.3f} GiB; {CORPUS_MB} MB tokenizing {tokenizing:.3f} GiB, cached {cached:.3f} GiB")
+    assert cached - small < 50 / 1024, (small, cached)          # training: independent of the corpus
+    assert tokenizing - small < 150 / 1024, (small, tokenizing)  # tokenizing: bounded by a chunk, not the corpus

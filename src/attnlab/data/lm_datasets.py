@@ -4,6 +4,7 @@ masked sequences (BERT)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -47,10 +48,13 @@ class RandomStarts(ResumableSampler, DistributedSampler):
                                     seed=seed)  # self.num_samples: this rank's share; self.total_size: all ranks'
         self.n = n
 
-    def epoch_indices(self) -> list[int]:
+    CHUNK = 1 << 16  # draws per rank made at a time: memory independent of the epoch's length
+
+    def epoch_indices(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        draws = torch.randint(self.n, (self.total_size,), generator=g)
-        return draws[self.rank :: self.num_replicas].tolist()
+        for a in range(0, self.total_size, self.CHUNK):  # the same draws for any number of ranks
+            draws = torch.randint(self.n, (min(self.CHUNK, self.total_size - a),), generator=g)
+            yield from draws[(self.rank - a) % self.num_replicas :: self.num_replicas].tolist()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

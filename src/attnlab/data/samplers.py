@@ -15,8 +15,10 @@ would have, with the same augmentation.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -36,7 +38,7 @@ class ResumableSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at the start of every epoch
         self.epoch = epoch
 
-    def epoch_indices(self) -> list[int]:
+    def epoch_indices(self) -> Iterable[int]:
         raise NotImplementedError
 
     def resume_at(self, epoch: int, skip: int) -> None:
@@ -46,7 +48,7 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self):
         indices, resume, self._resume = self.epoch_indices(), self._resume, None
         if resume is not None and resume[0] == self.epoch:
-            indices = indices[resume[1]:]
+            indices = itertools.islice(indices, resume[1], None)
         return iter(indices)
 
 

@@ -205,7 +205,7 @@ class TextDataModule(BaseDataModule):
         for split, s in src.items():
             bin_path, docs_path = tokenize_to_disk(s, self.tokenizer, folder / split, eot)
             arrays[split] = (TokenArray(bin_path, "uint16" if self.tokenizer.vocab_size <= 2**16 else "uint32"),
-                             np.load(docs_path))
+                             np.load(docs_path, mmap_mode="r"))  # read where needed: flat in corpus size
         if by_fraction:
             tokens, ends = arrays["train"]
             n = len(tokens)

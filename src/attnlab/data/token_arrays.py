@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,14 +65,14 @@ def _write_tokens(source: Source, tok: TextTokenizer, out: Path, eot: int | None
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
     tmp, docs_tmp = (out.with_suffix(f".{os.getpid()}{suffix}.tmp") for suffix in (".bin", ".docs.npy"))
-    ends: list[int] = []
-    written = 0
+    ends_tmp = out.with_suffix(f".{os.getpid()}.ends.tmp")  # document ends, streamed: memory bounded by a chunk
+    written = n_docs = 0
     log.info("tokenizing the %s split into %s", source.name, bin_path)
     from tqdm.auto import tqdm
 
     # a progress bar on a terminal (documents, tokens); HF tokenizers' encode_batch already uses every core
     bar = tqdm(desc=f"tokenizing {source.name}", unit=" docs", disable=None, leave=False)
-    with open(tmp, "wb") as f, bar:
+    with open(tmp, "wb") as f, open(ends_tmp, "wb") as ends, bar:
         for chunk in _chunks(source.docs(), 8192):
             if source.records and eot is None:  # records separated by newlines when there is no end-of-text token
                 chunk = [d if d.endswith(SEPARATOR) else d + SEPARATOR for d in chunk]
@@ -86,16 +87,21 @@ def _write_tokens(source: Source, tok: TextTokenizer, out: Path, eot: int | None
                 lengths = [len(e) for e in encoded]
                 ids = np.fromiter((i for e in encoded for i in e), dtype=np.int64, count=sum(lengths))
             f.write(ids.astype(dtype).tobytes())
-            ends.extend((written + np.cumsum(lengths)).tolist())
+            ends.write((written + np.cumsum(lengths, dtype=np.int64)).tobytes())
+            n_docs += len(lengths)
             written += len(ids)
             bar.update(len(chunk))
             bar.set_postfix_str(f"{written:,} tokens", refresh=False)
     if written == 0:
         tmp.unlink()
+        ends_tmp.unlink()
         raise UserError(f"the {source.name} split holds no text (0 tokens after tokenization): check its files "
                         "(data.files / data.val_files / data.test_files) or data.text_column.")
-    with open(docs_tmp, "wb") as f:
-        np.save(f, np.asarray(ends, dtype=np.int64))
+    with open(docs_tmp, "wb") as f, open(ends_tmp, "rb") as ends:  # a .npy: its header, then the streamed ends
+        np.lib.format.write_array_header_1_0(f, {"descr": np.dtype(np.int64).str, "fortran_order": False,
+                                                 "shape": (n_docs,)})
+        shutil.copyfileobj(ends, f, 1 << 20)
+    ends_tmp.unlink()
     docs_tmp.replace(docs_path)
     tmp.replace(bin_path)
 
