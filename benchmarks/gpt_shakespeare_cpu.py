@@ -9,12 +9,22 @@ import) with the same model: it separates what the training costs in memory from
 Peak RSS is the process's own (os.wait4), as /usr/bin/time reports it; "before exit" is the peak before the
 interpreter shuts down (CPython's teardown with torch loaded pages in about 0.1 GB of torch's library code).
 Reference (nanoGPT, 2 cores): val loss 1.8857 at 2000 iterations, 65 ms/iteration, peak RSS 0.86 GB.
+
+    python benchmarks/gpt_shakespeare_cpu.py --nanogpt /tmp/nanoGPT --pairs 5
+
+runs nanoGPT's own README CPU recipe (its train.py, in a nanoGPT checkout given by path: the shared Tiny Shakespeare
+is copied into its data folder before its prepare.py) and attnlab's whole `train.py
+experiment=gpt_shakespeare_char_cpu` as a user runs it, alternately, at the same thread count, and prints each
+pair's wall time, peak RSS (each process's own ru_maxrss), steady ms/iteration, start-up (wall minus the steady
+steps) and val loss, with the median of the paired ratios attnlab / nanoGPT.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import re
+import shutil
 import json
 import os
 import statistics
@@ -143,19 +153,94 @@ def before_exit(output: str) -> float:
     return float(lines[-1].split(":")[1]) if lines else float("nan")
 
 
-def run_measured(cmd: list[str], log: Path) -> tuple[int, str, float]:
+def run_measured(cmd: list[str], log: Path, cwd: Path = ROOT) -> tuple[int, str, float]:
     """Run cmd (output to `log`); -> (exit code, output, the process's own peak RSS in GB)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, text=True)
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, log.read_text(), usage.ru_maxrss / 1e6
 
 
+# ---- against nanoGPT itself, whole processes, alternated
+
+def nanogpt_args(steps: int) -> list[str]:
+    return ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+            "--log_interval=1", f"--block_size={BLOCK}", f"--batch_size={BATCH}", "--n_layer=4", "--n_head=4",
+            "--n_embd=128", f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0"]
+
+
+def prepare_nanogpt(path: Path) -> None:
+    data = path / "data" / "shakespeare_char"
+    if not (data / "input.txt").is_file():
+        shutil.copy(Path(os.environ["ATTNLAB_DATA_DIR"]) / "tinyshakespeare" / "input.txt", data / "input.txt")
+    if not (data / "train.bin").is_file():
+        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, stdout=subprocess.DEVNULL)
+
+
+def run_nanogpt(path: Path, steps: int, log: Path) -> dict:
+    start = time.perf_counter()
+    code, output, rss = run_measured([sys.executable, "train.py", *nanogpt_args(steps)], log, cwd=path)
+    wall = time.perf_counter() - start
+    if code:
+        sys.exit(output[-3000:])
+    ms = [float(m) for m in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.M)]
+    val = [float(v) for v in re.findall(r"^step \d+: train loss [\d.]+, val loss ([\d.]+)", output, re.M)]
+    ms = statistics.median(ms[len(ms) // 10:])
+    return {"wall_s": wall, "peak_rss_gb": rss, "ms_per_iter": ms, "val_loss": val[-1],
+            "startup_s": wall - steps * ms / 1000}
+
+
+def run_attnlab_whole(steps: int, out: Path) -> dict:
+    """train.py as a user runs the recipe (its own checkpoints, logs and validation), the token cache warm."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, str(ROOT / "train.py"), "experiment=gpt_shakespeare_char_cpu", f"trainer.max_steps={steps}",
+           f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
+    start = time.perf_counter()
+    code, output, rss = run_measured(cmd, out.parent / "attnlab_whole.log")
+    wall = time.perf_counter() - start
+    if code:
+        sys.exit(output[-3000:])
+    rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
+    tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
+    ms = 1000 * BLOCK * BATCH / statistics.median(tps[len(tps) // 10:] or tps)
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {"wall_s": wall, "peak_rss_gb": rss, "ms_per_iter": ms, "val_loss": metrics["val/loss"],
+            "startup_s": wall - steps * ms / 1000}
+
+
+def against_nanogpt(path: Path, steps: int, pairs: int) -> None:
+    prepare_nanogpt(path)
+    work = Path(tempfile.mkdtemp(prefix="attnlab_vs_nanogpt_"))
+    run_attnlab_whole(min(steps, 20), work / "warm")  # tokenizes into the cache once (nanoGPT's prepare.py did)
+    rows = []
+    for i in range(pairs):
+        first, second = ("nanoGPT", "attnlab") if i % 2 == 0 else ("attnlab", "nanoGPT")
+        pair = {}
+        for name in (first, second):
+            pair[name] = (run_nanogpt(path, steps, work / f"nanogpt_{i}.log") if name == "nanoGPT"
+                          else run_attnlab_whole(steps, work / "run"))
+        rows.append(pair)
+        print(f"pair {i + 1}: " + "; ".join(f"{n} wall {r['wall_s']:.1f} s, RSS {r['peak_rss_gb']:.2f} GB, "
+                                            f"{r['ms_per_iter']:.1f} ms/iter, val {r['val_loss']:.4f}"
+                                            for n, r in pair.items()), flush=True)
+    print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, steps: {steps}, pairs: {pairs}")
+    print(f"{'':8} {'wall s':>7} {'start-up s':>10} {'ms/iter':>8} {'peak RSS':>9} {'val loss':>9}  (medians)")
+    for name in ("nanoGPT", "attnlab"):
+        med = {k: statistics.median(r[name][k] for r in rows) for k in rows[0][name]}
+        print(f"{name:8} {med['wall_s']:7.1f} {med['startup_s']:10.1f} {med['ms_per_iter']:8.1f} "
+              f"{med['peak_rss_gb']:8.2f}G {med['val_loss']:9.4f}")
+    for key, label in (("wall_s", "wall"), ("peak_rss_gb", "peak RSS"), ("ms_per_iter", "ms/iteration")):
+        ratio = statistics.median(r["attnlab"][key] / r["nanoGPT"][key] for r in rows)
+        print(f"attnlab / nanoGPT {label}: {ratio:.3f} (median of {pairs} paired ratios)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout: alternate whole runs against it")
+    p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache", default=None, help=argparse.SUPPRESS)
@@ -165,6 +250,8 @@ def main() -> None:
         return bare(args.steps, args.cache)
     if args.torch_only:
         return torch_only(args.steps)
+    if args.nanogpt:
+        return against_nanogpt(args.nanogpt.resolve(), args.steps, args.pairs)
     work = Path(tempfile.mkdtemp(prefix="attnlab_bench_"))
     bare_r = run_script_mode("bare", args.steps, work / "cache")   # first: it also tokenizes the corpus into the cache
     ours = run_ours(args.steps, work / "run")
