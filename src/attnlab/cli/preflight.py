@@ -205,7 +205,8 @@ def preflight(cfg: DictConfig, model, dm) -> None:
         run = cfg.copy()
         with open_dict(run):
             run.trainer.update(max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
-                               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                               fast_dev_run=False, enable_checkpointing=False, enable_progress_bar=False,
+                               enable_model_summary=False)
         return builders.build_trainer(run, list(callbacks), [])
 
     report = Report(params=params["model/params_total"], device="")
@@ -245,7 +246,8 @@ def preflight(cfg: DictConfig, model, dm) -> None:
     else:
         report.max_batch = _largest_batch_cpu(estimate, bs)
         report.max_batch_how = "from the memory estimate"
-    _print(cfg, report, steps, bs)
+    if trainer is None or trainer.is_global_zero:  # one report for a multi-process run
+        _print(cfg, report, steps, bs)
 
 
 def _print(cfg: DictConfig, r: Report, steps: int, bs: int) -> None:

@@ -16,12 +16,16 @@ Every module of `attnlab.nn` is imported on the first lookup, so a new network f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import importlib.util
 import inspect
 import pkgutil
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -70,11 +74,27 @@ def register_network(name: str, config: type | None = None):
 def _load_builtin() -> None:
     global _loaded
     if not _loaded:
-        import attnlab.nn
-
-        for info in pkgutil.iter_modules(attnlab.nn.__path__):
-            importlib.import_module(f"attnlab.nn.{info.name}")
+        for module in sorted(set(_builtin_index().values())):
+            importlib.import_module(module)
         _loaded = True
+
+
+_REGISTERED = re.compile(r'^@register_network\("([\w.-]+)"', re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_index() -> dict[str, str]:
+    """{network name: the attnlab.nn module registering it}, read from the modules' source without importing them:
+    building one network imports its own module only (a GPT run does not import timm and torchvision)."""
+    import attnlab.nn
+
+    index = {}
+    for info in pkgutil.iter_modules(attnlab.nn.__path__):
+        spec = importlib.util.find_spec(f"attnlab.nn.{info.name}")
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            for name in _REGISTERED.findall(Path(spec.origin).read_text(encoding="utf-8")):
+                index[name] = f"attnlab.nn.{info.name}"
+    return index
 
 
 def list_networks() -> list[str]:
@@ -85,9 +105,11 @@ def list_networks() -> list[str]:
 def network_spec(name: str) -> NetworkSpec:
     """The registered network, or a user's class (with a `config_class` dataclass, or keyword settings) or function
     by import path."""
-    _load_builtin()
+    if name not in _NETWORKS and name in _builtin_index():
+        importlib.import_module(_builtin_index()[name])
     if name in _NETWORKS:
         return _NETWORKS[name]
+    _load_builtin()
     if "." in str(name):
         from hydra.utils import get_object
 
