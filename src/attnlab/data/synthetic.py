@@ -5,7 +5,7 @@ held per sample: a sample is a function of its index."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import Dataset
@@ -32,11 +32,12 @@ class RandomWindows(Dataset):
 
 
 class SyntheticTokensDataModule(BaseDataModule):
-    def __init__(self, vocab_size: PositiveInt = 50304, block_size: PositiveInt = 1024,
-                 train_samples: PositiveInt = 100_000, val_samples: PositiveInt = 256, objective: str = "causal",
-                 **kwargs: Any):
+    def __init__(self, vocab_size: PositiveInt = 50304, block_size: PositiveInt = 1024, max_length: PositiveInt = 128,
+                 train_samples: PositiveInt = 100_000, val_samples: PositiveInt = 256,
+                 objective: Literal["causal"] = "causal", **kwargs: Any):
         super().__init__(**({"kind": "text"} | kwargs))
         self.vocab_size, self.block_size, self.objective = int(vocab_size), int(block_size), objective
+        self.max_length = int(max_length)  # what a masked-LM config reads; the windows here are causal
         self.train_samples, self.val_samples = int(train_samples), int(val_samples)
 
     def info(self) -> DataInfo:
