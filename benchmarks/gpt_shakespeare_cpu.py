@@ -44,17 +44,27 @@ def run_ours(steps: int, out: Path) -> dict:
            "callbacks.progress_bar=null", "extras.print_config=false",
            f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
     cmd[1:2] = ["-c", _REPORT_AT_EXIT + "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')", cmd[1]]
+    wall, output, rss = run_train(cmd, out.parent / "ours.log")
+    rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
+    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    return {"tokens_per_s": steady_tokens_per_s(out), "val_loss": val[-1], "wall_s": wall, "peak_rss_gb": rss,
+            "before_exit_gb": before_exit(output)}
+
+
+def run_train(cmd: list[str], log: Path) -> tuple[float, str, float]:
+    """(wall seconds, output, peak RSS in GB) of a train.py process; its output ends the benchmark if it fails."""
     start = time.perf_counter()
-    code, output, rss = run_measured(cmd, out.parent / "ours.log")
-    wall = time.perf_counter() - start
+    code, output, rss = run_measured(cmd, log)
     if code:
         sys.exit(output[-3000:])
-    rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
+    return time.perf_counter() - start, output, rss
+
+
+def steady_tokens_per_s(run_dir: Path) -> float:
+    """The median of a run's logged tokens/s, the first tenth of its windows (warm-up) left out."""
+    rows = list(csv.DictReader(open(run_dir / "csv" / "metrics.csv")))
     tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
-    tps = tps[len(tps) // 10:] or tps  # leave out the first windows (warm-up)
-    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
-    return {"tokens_per_s": statistics.median(tps), "val_loss": val[-1], "wall_s": wall, "peak_rss_gb": rss,
-            "before_exit_gb": before_exit(output)}
+    return statistics.median(tps[len(tps) // 10:] or tps)
 
 
 def bare(steps: int, cache: str) -> None:
@@ -197,14 +207,8 @@ def run_attnlab_whole(steps: int, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, str(ROOT / "train.py"), "experiment=gpt_shakespeare_char_cpu", f"trainer.max_steps={steps}",
            f"hydra.run.dir={out}", f"paths.cache_dir={out.parent / 'cache'}"]
-    start = time.perf_counter()
-    code, output, rss = run_measured(cmd, out.parent / "attnlab_whole.log")
-    wall = time.perf_counter() - start
-    if code:
-        sys.exit(output[-3000:])
-    rows = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
-    tps = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
-    ms = 1000 * BLOCK * BATCH / statistics.median(tps[len(tps) // 10:] or tps)
+    wall, _, rss = run_train(cmd, out.parent / "attnlab_whole.log")
+    ms = 1000 * BLOCK * BATCH / steady_tokens_per_s(out)
     metrics = json.loads((out / "metrics.json").read_text())
     return {"wall_s": wall, "peak_rss_gb": rss, "ms_per_iter": ms, "val_loss": metrics["val/loss"],
             "startup_s": wall - steps * ms / 1000}

@@ -12,13 +12,12 @@ Nothing is written to the run's checkpoints or loggers. In a multirun, each job 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 log = logging.getLogger("attnlab")
 WARMUP = 2  # batches before the clock starts: allocator, cudnn autotuning, torch.compile
@@ -86,22 +85,24 @@ class Report:
     max_batch_how: str = ""
     skipped: str = ""
 
-    def line(self) -> str:
-        """One line: what a sweep prints per job."""
+    def memory(self) -> list[str]:
+        """The peak measured, the estimate and what the machine has, those known."""
         from attnlab.memory import GiB
 
+        return ([f"{self.peak[1] / GiB:.2f} GiB measured ({self.peak[0]})"] if self.peak else []) \
+            + ([f"{self.estimate.total / GiB:.2f} GiB estimated"] if self.estimate is not None else []) \
+            + ([f"{self.available / GiB:.2f} GiB available"] if self.available else [])
+
+    def line(self) -> str:
+        """One line: what a sweep prints per job."""
         parts = [f"{self.params / 1e6:.2f}M params"]
         if self.samples_s:
             parts.append(f"{self.samples_s:,.1f} samples/s" + (f", {self.tokens_s:,.0f} tokens/s" if self.tokens_s
                                                               else ""))
         if self.mfu is not None:
             parts.append(f"MFU {100 * self.mfu:.1f}%")
-        if self.peak:
-            parts.append(f"peak {self.peak[0]} {self.peak[1] / GiB:.2f} GiB")
-        if self.estimate is not None:
-            parts.append(f"estimate {self.estimate.total / GiB:.2f} GiB")
-        if self.available:
-            parts.append(f"available {self.available / GiB:.2f} GiB")
+        if self.memory():
+            parts.append("memory " + ", ".join(self.memory()))
         if self.run_s is not None:
             parts.append(f"run ≈ {_duration(self.run_s)}")
         if self.max_batch:
@@ -254,8 +255,6 @@ def _print(cfg: DictConfig, r: Report, steps: int, bs: int) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from attnlab.memory import GiB
-
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         hc = HydraConfig.get()
         log.info("preflight job %s (%s): %s", hc.job.num, " ".join(hc.overrides.task), r.line())
@@ -269,18 +268,11 @@ def _print(cfg: DictConfig, r: Report, steps: int, bs: int) -> None:
         lines.append("  MFU                 " + (f"{100 * r.mfu:.1f}% of the device's peak" if r.mfu is not None
                                                  else "unknown (no FLOP count for this model or no peak for this "
                                                       "device)"))
-    mem = []
-    if r.peak:
-        mem.append(f"{r.peak[1] / GiB:.2f} GiB measured ({r.peak[0]})")
-    if r.estimate is not None:
-        mem.append(f"{r.estimate.total / GiB:.2f} GiB estimated")
-    if r.available:
-        mem.append(f"{r.available / GiB:.2f} GiB available")
-    lines.append(f"  peak memory         {'; '.join(mem) or 'unknown'}")
+    lines.append(f"  peak memory         {'; '.join(r.memory()) or 'unknown'}")
     if r.run_s is not None:
         parts = " + ".join(f"{_duration(s)} {k}" for k, s in r.run_parts.items() if s)
         lines.append(f"  the configured run  ≈ {_duration(r.run_s)} ({parts})")
-    lines.append(f"  largest batch       " + (f"data.batch_size ≈ {r.max_batch} ({r.max_batch_how}; now {bs})"
+    lines.append("  largest batch       " + (f"data.batch_size ≈ {r.max_batch} ({r.max_batch_how}; now {bs})"
                                              if r.max_batch else f"unknown ({r.max_batch_how})"))
     if r.skipped:
         lines.append(f"  training steps      {r.skipped}")
