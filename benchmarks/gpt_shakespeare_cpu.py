@@ -210,7 +210,7 @@ def run_attnlab_whole(steps: int, out: Path) -> dict:
     wall, _, rss = run_train(cmd, out.parent / "attnlab_whole.log")
     ms = 1000 * BLOCK * BATCH / steady_tokens_per_s(out)
     metrics = json.loads((out / "metrics.json").read_text())
-    return {"wall_s": wall, "peak_rss_gb": rss, "ms_per_iter": ms, "val_loss": metrics["val/loss"],
+    return {"wall_s": wall, "peak_rss_gb": rss, "ms_per_iter": ms, "val_loss": metrics.get("val/loss", float("nan")),
             "startup_s": wall - steps * ms / 1000}
 
 

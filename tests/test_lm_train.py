@@ -158,6 +158,7 @@ def test_generated_samples_go_to_a_wandb_table():
     table = payload["val/samples"]
     assert table.columns == ["step", "prompt", "text"] and len(table.data) == 2
     assert all(row[0] == 7 and row[2].startswith("ab") and len(row[2]) == 12 for row in table.data)
+    assert table.data[0][2] != table.data[1][2]                      # two samples drawn, not one repeated
 
 
 def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):

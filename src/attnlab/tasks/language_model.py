@@ -189,10 +189,11 @@ class CausalLM(_LanguageModel):
         except UserError as e:
             log.warning("model.sample_prompt: %s Sampling from the first validation token instead.", e)
             idx = self.prompt_ids(None)
-        try:
-            for i in range(int(h.num_samples)):
-                out = self.net.generate(idx, int(h.sample_tokens), h.sample_temperature, h.sample_top_k)
-                text = self.tokenizer.decode(out[0].tolist())
+        try:  # the samples as one batch: one pass per token for all of them
+            out = self.net.generate(idx.expand(int(h.num_samples), -1), int(h.sample_tokens), h.sample_temperature,
+                                    h.sample_top_k)                  # (num_samples, T + sample_tokens)
+            for i, ids in enumerate(out.tolist()):
+                text = self.tokenizer.decode(ids)
                 log.info("sample %d at step %d:\n%s", i + 1, self.global_step, text)
                 rows.append([self.global_step, h.sample_prompt, text])
         finally:
