@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on its test split: `python eval.py ckpt_path=... ` (see README.md)."""
 
-from attnlab.cli.eval import main
+from attnlab.cli.eval import run
 
 if __name__ == "__main__":
-    main()
+    run()

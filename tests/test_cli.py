@@ -237,3 +237,24 @@ def test_a_sweep_over_a_key_missing_from_the_config_is_refused_before_any_job(tm
     assert out.returncode != 0 and "Could not override 'optimizer.no_such_option'" in out.stdout
     assert "+optimizer.no_such_option" in out.stdout  # how to add a new key on purpose
     assert not list((tmp_path / "logs").rglob("config.yaml"))  # no job ran
+
+
+def test_scripts_end_without_the_interpreters_teardown_but_run_the_exit_handlers():
+    """train.py & co. end through app.run_process: the exit status, the atexit handlers and the output are kept, and
+    the teardown of torch's modules (its peak memory) is not paid."""
+    import sys
+
+    script = ("import atexit, resource, sys, torch\n"
+              "atexit.register(lambda: print('handler ran', flush=True))\n"
+              "def main():\n    print('main ran', end='')\n    sys.exit(3)\n"
+              "if sys.argv[1] == 'run_process':\n"
+              "    from attnlab.cli.app import run_process\n    run_process(main)\n"
+              "main()\n")
+    peaks = {}
+    for how in ("run_process", "normal"):
+        proc = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3 and out == "main ranhandler ran\n", (how, out)
+        peaks[how] = usage.ru_maxrss / 1024  # MB
+    assert peaks["run_process"] < peaks["normal"] - 50, peaks

@@ -69,5 +69,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def run() -> None:
+    """The `eval.py` script and the `attnlab-eval` command: main(), then the process ends (app.run_process)."""
+    from attnlab.cli.app import run_process
+
+    run_process(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()

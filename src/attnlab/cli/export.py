@@ -101,5 +101,12 @@ def _jsonable(value):
     return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
 
 
+def run() -> None:
+    """The `export.py` script and the `attnlab-export` command: main(), then the process ends (app.run_process)."""
+    from attnlab.cli.app import run_process
+
+    run_process(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -31,5 +31,12 @@ def main() -> float | None:
     return _main()
 
 
+def run() -> None:
+    """The `train.py` script and the `attnlab-train` command: main(), then the process ends (app.run_process)."""
+    from attnlab.cli.app import run_process
+
+    run_process(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -103,5 +103,12 @@ def predict(cfg: DictConfig):
     return predictor_for(type(model))(model, cfg, OmegaConf.create(meta["config"]))
 
 
+def run() -> None:
+    """The `predict.py` script and the `attnlab-predict` command: main(), then the process ends (app.run_process)."""
+    from attnlab.cli.app import run_process
+
+    run_process(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()
