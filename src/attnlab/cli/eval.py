@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import hydra
 from omegaconf import DictConfig
 
+from attnlab.cli.app import run_process
 from attnlab.config import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -69,11 +72,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def run() -> None:
-    """The `eval.py` script and the `attnlab-eval` command: main(), then the process ends (app.run_process)."""
-    from attnlab.cli.app import run_process
-
-    run_process(main)
+# the `eval.py` script and the `attnlab-eval` command: main(), then the process ends without teardown
+run = partial(run_process, main)
 
 
 if __name__ == "__main__":

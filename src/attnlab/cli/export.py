@@ -12,11 +12,13 @@ a character tokenizer is attnlab's own JSON)."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from attnlab.cli.app import run_process
 from attnlab.config import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -101,11 +103,8 @@ def _jsonable(value):
     return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
 
 
-def run() -> None:
-    """The `export.py` script and the `attnlab-export` command: main(), then the process ends (app.run_process)."""
-    from attnlab.cli.app import run_process
-
-    run_process(main)
+# the `export.py` script and the `attnlab-export` command: main(), then the process ends without teardown
+run = partial(run_process, main)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import hydra
 from omegaconf import DictConfig
 
+from attnlab.cli.app import run_process
 from attnlab.config import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -31,11 +33,8 @@ def main() -> float | None:
     return _main()
 
 
-def run() -> None:
-    """The `train.py` script and the `attnlab-train` command: main(), then the process ends (app.run_process)."""
-    from attnlab.cli.app import run_process
-
-    run_process(main)
+# the `train.py` script and the `attnlab-train` command: main(), then the process ends without teardown
+run = partial(run_process, main)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from functools import partial
 
 import hydra
 from omegaconf import DictConfig
 
+from attnlab.cli.app import run_process
 from attnlab.config import CONF_DIR, register_resolvers
 
 register_resolvers()
@@ -103,11 +105,8 @@ def predict(cfg: DictConfig):
     return predictor_for(type(model))(model, cfg, OmegaConf.create(meta["config"]))
 
 
-def run() -> None:
-    """The `predict.py` script and the `attnlab-predict` command: main(), then the process ends (app.run_process)."""
-    from attnlab.cli.app import run_process
-
-    run_process(main)
+# the `predict.py` script and the `attnlab-predict` command: main(), then the process ends without teardown
+run = partial(run_process, main)
 
 
 if __name__ == "__main__":
