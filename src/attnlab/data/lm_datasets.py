@@ -31,7 +31,7 @@ class Windows(Dataset):
 
     def __getitem__(self, i: int):
         s = int(self.starts[i]) if self.starts is not None else int(i)
-        chunk = torch.from_numpy(self.tokens.array[s : s + self.T + 1].astype(np.int64))  # (T + 1,)
+        chunk = torch.from_numpy(self.tokens.read(s, s + self.T + 1).astype(np.int64))  # (T + 1,)
         return chunk[:-1], chunk[1:]
 
 
@@ -98,7 +98,7 @@ class PackedSequences(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         a, b = self.spans[i]
-        body = torch.from_numpy(self.tokens.array[a:b].astype(np.int64))
+        body = torch.from_numpy(self.tokens.read(int(a), int(b)).astype(np.int64))
         return torch.cat([torch.tensor([self.cls]), body, torch.tensor([self.sep])])
 
 

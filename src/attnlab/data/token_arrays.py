@@ -21,16 +21,29 @@ log = logging.getLogger("attnlab")
 # ---- token arrays on disk
 
 class TokenArray:
-    """A slice [start, end) of a memory-mapped token file, opened lazily (so DataLoader workers each map it)."""
+    """A slice [start, end) of a token file on disk. Training reads its windows with `read` (one pread each): the
+    file's pages stay in the OS page cache instead of being mapped into the process, where every page a run has
+    touched counts in its resident memory (a random window's fault maps its neighbours too: +0.07 GB after 20 steps
+    on 200 MB of text), so a run's memory does not grow with the corpus it visits. `array` memory-maps the whole
+    slice, for reading it through."""
 
     def __init__(self, path: Path, dtype: str, start: int = 0, end: int | None = None):
         self.path, self.dtype = Path(path), dtype
         total = self.path.stat().st_size // np.dtype(dtype).itemsize
         self.start, self.end = start, total if end is None else end
         self._mm: np.memmap | None = None
+        self._file = None  # opened lazily, so DataLoader workers each open their own
 
     def __len__(self) -> int:
         return self.end - self.start
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Tokens [a, b) of this slice (0 <= a <= b <= len), copied from the file."""
+        if self._file is None:
+            self._file = open(self.path, "rb")  # noqa: SIM115 (closed with the object)
+        size = np.dtype(self.dtype).itemsize
+        data = os.pread(self._file.fileno(), (b - a) * size, (self.start + a) * size)
+        return np.frombuffer(data, dtype=self.dtype)
 
     @property
     def array(self) -> np.ndarray:
@@ -39,7 +52,7 @@ class TokenArray:
         return self._mm[self.start : self.end]
 
     def __getstate__(self):
-        return self.__dict__ | {"_mm": None}
+        return self.__dict__ | {"_mm": None, "_file": None}
 
     def slice(self, a: int, b: int) -> TokenArray:
         return TokenArray(self.path, self.dtype, self.start + a, self.start + b)
