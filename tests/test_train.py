@@ -178,6 +178,16 @@ def test_progress_bar_describes_the_budget(max_epochs, max_steps, expected):
     assert bar._get_train_description(3).strip() == expected
 
 
+def test_no_progress_bar_callback_means_no_bar(tmp_path):
+    from attnlab.cli import builders
+    from conftest import compose_cfg
+
+    for overrides, has_bar in ((["callbacks.progress_bar=null"], False), ([], True)):
+        cfg = compose_cfg(["model=vit", "data=digits", *overrides], tmp_path)
+        trainer = builders.build_trainer(cfg, builders.build_callbacks(cfg), [])
+        assert (trainer.progress_bar_callback is not None) == has_bar, overrides
+
+
 def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path, small_data):
     base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
             "trainer.max_epochs=1", *FAST]

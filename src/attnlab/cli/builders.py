@@ -230,6 +230,10 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
     extra = {}
+    if "enable_progress_bar" not in trainer_cfg:  # callbacks.progress_bar=null means no bar, not Lightning's default
+        from lightning.pytorch.callbacks import ProgressBar
+
+        extra["enable_progress_bar"] = any(isinstance(c, ProgressBar) for c in callbacks)
     strategy = trainer_cfg.get("strategy") or ""
     target = str(strategy if isinstance(strategy, str) else strategy.get("_target_", "")).lower()
     if not trainer_cfg.get("plugins") and "fsdp" not in target and "deepspeed" not in target:  # sharded: own IO
