@@ -58,13 +58,21 @@ def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train"
     return cfg
 
 
+# Linux counts in a process's peak RSS (ru_maxrss) the memory of the process it was spawned from until its exec:
+# a child of pytest (over 1 GB by the end of the suite) reports at least pytest's size. Started from this small
+# launcher instead, a child's peak is its own.
+OWN_PEAK_LAUNCHER = ["-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
+
+
 def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT,
-            data_dir: Path | None = None):
+            data_dir: Path | None = None, own_peak_memory: bool = False):
     """Run train.py / eval.py / predict.py as a user would; returns the CompletedProcess (stdout+stderr merged).
-    The datasets are read from data_dir (e.g. the small_data fixture), by default ATTNLAB_DATA_DIR's real ones."""
+    The datasets are read from data_dir (e.g. the small_data fixture), by default ATTNLAB_DATA_DIR's real ones.
+    own_peak_memory: through OWN_PEAK_LAUNCHER, for tests that read the script's peak memory."""
     full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(data_dir or DATA_DIR)} | (env or {})
+    launcher = [sys.executable, *OWN_PEAK_LAUNCHER] if own_peak_memory else []
     return subprocess.run(
-        [sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, timeout=timeout,
+        [*launcher, sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

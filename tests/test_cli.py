@@ -250,11 +250,16 @@ def test_scripts_end_without_the_interpreters_teardown_but_run_the_exit_handlers
               "if sys.argv[1] == 'run_process':\n"
               "    from attnlab.cli.app import run_process\n    run_process(main)\n"
               "main()\n")
+    # measured from a small launcher process: a child of pytest would report pytest's own size (OWN_PEAK_LAUNCHER)
+    launcher = ("import json, os, subprocess, sys\n"
+                "proc = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)\n"
+                "out = proc.stdout.read()\n"
+                "_, status, usage = os.wait4(proc.pid, 0)\n"
+                "print(json.dumps([os.waitstatus_to_exitcode(status), out, usage.ru_maxrss / 1024]))\n")
     peaks = {}
     for how in ("run_process", "normal"):
-        proc = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True)
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 3 and out == "main ranhandler ran\n", (how, out)
-        peaks[how] = usage.ru_maxrss / 1024  # MB
+        result = subprocess.run([sys.executable, "-c", launcher, script, how], capture_output=True, text=True)
+        code, out, peak = json.loads(result.stdout)
+        assert code == 3 and out == "main ranhandler ran\n", (how, out, result.stderr[-2000:])
+        peaks[how] = peak  # MB
     assert peaks["run_process"] < peaks["normal"] - 50, peaks
