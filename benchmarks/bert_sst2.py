@@ -9,7 +9,7 @@ Runs train.py as a user would, with the same fine-tuning budget (optimizer steps
 for each --seeds, and writes a markdown table of validation and test accuracy (test: the 872 sentences of GLUE's
 labelled dev set) and wall times, with the mean over seeds.
 
-    python benchmarks/bert_sst2.py [--out DIR] [--seeds 1 2 3] [--mlm-steps 3000] [--steps 2000] [overrides ...]
+    python benchmarks/bert_sst2.py [--out DIR] [--seeds 1 2 3] [--mlm-steps 4000] [--steps 2000] [overrides ...]
 
 Reads $ATTNLAB_DATA_DIR/sst2 (default: ../shared/data); writes the runs and bert_sst2.md under --out.
 """
@@ -32,7 +32,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=ROOT / "logs" / "benchmarks" / "bert_sst2")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--mlm-steps", type=int, default=3000)
+    p.add_argument("--mlm-steps", type=int, default=4000)
     p.add_argument("--steps", type=int, default=2000, help="fine-tuning optimizer steps, every row")
     p.add_argument("--no-probe", action="store_true", help="leave out the linear probe")
     p.add_argument("--pretrain-each-seed", action="store_true",

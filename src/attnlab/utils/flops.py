@@ -36,10 +36,10 @@ def training_flops_per_sample(net: nn.Module, sample_shape: tuple[int, ...], dty
 
 
 @functools.lru_cache(maxsize=None)
-def measured_cpu_peak(n: int = 1024, seconds: float = 0.15) -> float:
-    """fp32 matmul FLOP/s of this CPU with torch's current thread count: the fastest of the n x n matmuls timed
-    within `seconds` (measured once per process)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def measured_cpu_peak(n: int = 1024, seconds: float = 0.15, dtype: torch.dtype = torch.float32) -> float:
+    """Matmul FLOP/s of this CPU in `dtype` (the autocast dtype of the run's precision) with torch's current thread
+    count: the fastest of the n x n matmuls timed within `seconds` (measured once per process and dtype)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     best, end = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -51,7 +51,8 @@ def measured_cpu_peak(n: int = 1024, seconds: float = 0.15) -> float:
 
 def device_peak_flops(device: torch.device, precision: str = "32-true") -> float | None:
     if device.type == "cpu":
-        return measured_cpu_peak()
+        dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(precision).split("-")[0], torch.float32)
+        return measured_cpu_peak(dtype=dtype)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, peak in _GPU_BF16_PEAK.items():
