@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -92,7 +93,7 @@ def test_cfg_job_prints_resolved_config_without_importing_torch():
         "import sys; sys.argv=['train.py','model=swin','data=imagenet','trainer=ddp','--cfg','job','--resolve'];"
         "from attnlab.cli.train import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "heavy=[m for m in ('torch','timm','datasets','lightning') if m in sys.modules]\n"
+        "heavy=[m for m in ('torch','timm','datasets','lightning','optuna') if m in sys.modules]\n"
         "print('HEAVY', heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -102,3 +103,18 @@ def test_cfg_job_prints_resolved_config_without_importing_torch():
     assert job["model"]["backbone"] == "swin_tiny_patch4_window7_224"
     assert job["model"]["num_classes"] == 1000
     assert job["trainer"]["strategy"]["_target_"].endswith("DDPStrategy")
+
+
+def test_fast_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch):
+    import attnlab.config as config
+
+    monkeypatch.setattr(config, "_cpu_has_bf16_units", lambda: True)
+    assert config.fast_precision("cpu") == "bf16-mixed"
+    monkeypatch.setattr(config, "_cpu_has_bf16_units", lambda: False)
+    assert config.fast_precision("cpu") == "32-true"  # emulated bf16 is slower than fp32
+    assert config.fast_precision("mps") == "32-true"
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    native = "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
+    out = run_cli("train.py", "experiment=bert_sst2_finetune", "--cfg", "job", "--resolve")
+    assert out.returncode == 0, out.stdout
+    assert yaml.safe_load(out.stdout)["trainer"]["precision"] == ("bf16-mixed" if native else "32-true")

@@ -31,7 +31,7 @@ def test_the_wheel_installs_and_its_console_scripts_run_from_anywhere(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     packaged = sorted(p.relative_to(ROOT / "src").as_posix() for p in (ROOT / "src/attnlab/conf").rglob("*.yaml"))
     assert packaged and set(packaged) <= names, "configs missing from the wheel"
-    assert "hydra_plugins/attnlab_optuna_sweeper/optuna_sweeper.py" in names  # hydra/sweeper=optuna
+    assert {f"hydra_plugins/attnlab_optuna_sweeper/{m}.py" for m in ("optuna_sweeper", "_impl", "_search_space")} <= names
     assert "hydra_plugins/__init__.py" not in names  # Hydra's namespace package, shared with other plugins
 
     site = tmp_path / "site"

@@ -1,7 +1,5 @@
 """`hydra/sweeper=optuna`: Optuna's ask-and-tell over Hydra jobs, with a study that survives the sweep.
 
-# (no `from __future__ import annotations`: Hydra execs plugin modules outside sys.modules, where dataclasses
-# cannot resolve string annotations)
 The study lives in SQLite at `<paths.log_dir>/<task_name>/optuna/<study_name>.db` (or `storage:` any Optuna storage
 URL; `storage: memory` keeps nothing). Running the same command again continues it: finished trials are not rerun,
 `n_trials` is the total the study should reach, job numbers go on from the last trial's, and a trial whose process
@@ -14,24 +12,16 @@ The search space keeps the shape of Hydra's own Optuna sweeper: `params:` of `ch
 
 # (no `from __future__ import annotations`: Hydra execs plugin modules outside sys.modules, where a dataclass
 # cannot resolve string annotations)
-import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Optional
 
-import optuna
 from hydra.core.config_store import ConfigStore
-from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
-from optuna.trial import TrialState
+from omegaconf import DictConfig
 
-from .search_space import grid, search_space
-
-log = logging.getLogger(__name__)
-INTERRUPTED = "interrupted"  # user attribute of a trial whose process was stopped: run again, not counted
+# Hydra imports every module of every plugin package at start-up (not those named with a leading underscore), so
+# this one holds the config and a front: Optuna (and the sweeper's code) is imported when a sweep is set up.
 
 
 @dataclass
@@ -51,176 +41,14 @@ class OptunaSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="attnlab")
 
 
-class StudyError(ValueError):
-    """A study this sweep cannot continue: printed as attnlab's one-paragraph errors are, without a traceback."""
-
-
-def _user_error(message: str) -> Exception:
-    try:
-        from attnlab.errors import UserError
-    except ImportError:  # the plugin without attnlab's package
-        return StudyError(message)
-    return type("StudyError", (StudyError, UserError), {})(message)
-
-
 class OptunaSweeper(Sweeper):
-    def __init__(self, sampler: Any = None, direction: Any = "minimize", storage: Optional[str] = None,
-                 study_name: Optional[str] = None, n_trials: int = 20, n_jobs: int = 1,
-                 max_failure_rate: float = 0.0, params: Optional[DictConfig] = None) -> None:
-        self.sampler = sampler
-        self.directions = [direction] if isinstance(direction, str) else list(direction)
-        self.storage, self.study_name = storage, study_name
-        self.n_trials, self.n_jobs, self.max_failure_rate = n_trials, max(1, n_jobs), max_failure_rate
-        self.params = params
+    def __init__(self, **kwargs: Any) -> None:
+        from ._impl import OptunaSweeperImpl
+
+        self._impl = OptunaSweeperImpl(**kwargs)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(
-            config=config, hydra_context=hydra_context, task_function=task_function)
+        self._impl.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
-    # -- where the study lives ---------------------------------------------------------------------------------
-    def _study_name(self) -> str:
-        return self.study_name or str(OmegaConf.select(self.config, "task_name", default=None) or "optuna")
-
-    def _storage(self) -> tuple[Optional[str], Optional[Path]]:
-        """(Optuna storage URL or None for memory, the lock file of a SQLite study)."""
-        if self.storage == "memory":
-            return None, None
-        if self.storage:
-            url = str(self.storage)
-            db = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
-        else:
-            root = OmegaConf.select(self.config, "paths.log_dir", default=None)
-            task = OmegaConf.select(self.config, "task_name", default=None)
-            base = Path(root) / task if root and task else Path(self.config.hydra.sweep.dir).parent
-            db = base / "optuna" / f"{self._study_name()}.db"
-            url = f"sqlite:///{db}"
-        if db is None:
-            return url, None
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return url, db.with_name(db.name + ".lock")
-
-    def _sampler(self, space: dict, n_before: int) -> optuna.samplers.BaseSampler | None:
-        """The configured sampler; a study continued after n_before trials seeds it with seed + n_before, so that
-        a seeded search does not draw its first points again."""
-        sampler = self.sampler
-        if isinstance(sampler, (dict, DictConfig)):
-            kwargs: dict[str, Any] = {}
-            if n_before and sampler.get("seed") is not None:
-                kwargs["seed"] = int(sampler["seed"]) + n_before
-            if str(sampler.get("_target_", "")).endswith("GridSampler"):
-                kwargs["search_space"] = grid(space)
-            sampler = instantiate(sampler, **kwargs)
-        return sampler
-
-    # -- the sweep ----------------------------------------------------------------------------------------------
-    def _sweep(self, arguments: list[str]) -> None:
-        from filelock import FileLock, Timeout
-
-        params = [f"{k}={v}" for k, v in (self.params or {}).items()]
-        space, fixed = search_space(params + list(arguments))
-        url, lock_path = self._storage()
-        lock = FileLock(str(lock_path)) if lock_path else None
-        try:
-            if lock:
-                lock.acquire(timeout=0)
-        except Timeout:
-            raise _user_error(
-                f"Another sweep is running the Optuna study '{self._study_name()}' ({url}; its lock {lock_path} is "
-                "held). Wait for it to finish, or give this sweep a study of its own: "
-                "hydra.sweeper.study_name=<name>.") from None
-        try:
-            study = self._load(url, space)
-            self._run(study, space, fixed, url)
-        finally:
-            if lock:
-                lock.release()
-
-    def sweep(self, arguments: list[str]) -> None:
-        """Hydra prints an exception raised here with its traceback: a study that cannot be continued is refused
-        as a run's bad input is, in one paragraph (attnlab.cli.app.fail)."""
-        try:
-            self._sweep(arguments)
-        except StudyError as e:
-            try:
-                from attnlab.cli.app import fail
-            except ImportError:
-                raise e from None
-            fail(e)
-
-    def _load(self, url: Optional[str], space: dict) -> optuna.Study:
-        name = self._study_name()
-        study = optuna.create_study(study_name=name, storage=url, directions=self.directions, load_if_exists=True)
-        study.sampler = self._sampler(space, n_before=len(study.trials))
-        found = [d.name.lower() for d in study.directions]
-        if found != [d.lower() for d in self.directions]:
-            raise _user_error(
-                f"The Optuna study '{name}' in {url} was started to {', '.join(found)}, and this sweep asks to "
-                f"{', '.join(self.directions)} (hydra.sweeper.direction). Give the new search its own study: "
-                "hydra.sweeper.study_name=<name>.")
-        # holding the lock, a trial still running was stopped with its process: fail it, run it again
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-            study.tell(trial.number, state=TrialState.FAIL)
-            study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
-            log.warning(f"Trial {trial.number} of study '{name}' was interrupted: it runs again.")
-        return study
-
-    @staticmethod
-    def _finished(study: optuna.Study) -> int:
-        return sum(1 for t in study.get_trials(deepcopy=False)
-                   if t.state.is_finished() and not t.user_attrs.get(INTERRUPTED))
-
-    def _run(self, study: optuna.Study, space: dict, fixed: dict, url: Optional[str]) -> None:
-        done = self._finished(study)
-        to_go = self.n_trials - done
-        where = url or "memory"
-        if done:
-            log.info(f"Continuing Optuna study '{study.study_name}' ({where}): {done} of {self.n_trials} trials "
-                     f"finished, {max(to_go, 0)} to run.")
-        else:
-            log.info(f"Optuna study '{study.study_name}' ({where}): {self.n_trials} trials.")
-        while to_go > 0:
-            batch = [study.ask(space) for _ in range(min(self.n_jobs, to_go))]
-            overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) for t in batch]
-            try:
-                returns = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
-            except BaseException:  # SIGTERM (Lightning's SIGTERMException), Ctrl-C: these trials run again
-                for trial in batch:
-                    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-                    study.tell(trial, state=TrialState.FAIL)
-                    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
-                raise
-            failures = [self._tell(study, trial, ret) for trial, ret in zip(batch, returns)]
-            failed = [ret for ret, fail in zip(returns, failures) if fail]
-            if failed and len(failed) / len(returns) > self.max_failure_rate:
-                failed[0].return_value  # raises the job's own exception, with its traceback
-            to_go -= len(batch)
-        self._save_results(study, where)
-
-    def _tell(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> bool:
-        """Report one job's return value; True where the job failed."""
-        study._storage.set_trial_user_attr(trial._trial_id, "job_dir", str(getattr(ret, "working_dir", "") or ""))
-        try:
-            value = ret.return_value
-            values = [float(value)] if len(self.directions) == 1 else [float(v) for v in value]
-        except Exception as e:  # the job raised, or returned no number
-            log.warning(f"Trial {trial.number} failed: {e}")
-            study.tell(trial, state=TrialState.FAIL)
-            return True
-        study.tell(trial, values)
-        return False
-
-    def _save_results(self, study: optuna.Study, where: str) -> None:
-        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        results: dict[str, Any] = {"name": "optuna", "study_name": study.study_name, "storage": where,
-                                   "n_trials_complete": len(complete)}
-        if complete and len(self.directions) == 1:
-            best = study.best_trial
-            results |= {"best_params": best.params, "best_value": best.value, "best_trial": best.number}
-            log.info(f"Best trial {best.number}: {best.params} -> {best.value}")
-        elif complete:
-            results["solutions"] = [{"params": t.params, "values": t.values} for t in study.best_trials]
-        out = Path(self.config.hydra.sweep.dir)
-        out.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(results), out / "optimization_results.yaml")
+    def sweep(self, arguments: list) -> None:
+        return self._impl.sweep(arguments)
