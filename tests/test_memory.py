@@ -5,6 +5,8 @@ run through the README)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,3 +147,17 @@ def test_training_memory_is_flat_in_corpus_size_and_tokenizing_is_bounded(tmp_pa
     # from the token file's pages mapped into the process by random windows); measured +10 MiB (+20 tokenizing)
     assert cached - small < 50 / 1024, (small, cached)
     assert tokenizing - small < 150 / 1024, (small, tokenizing)  # tokenizing: bounded by a chunk, not the corpus
+
+
+def test_the_reported_cpu_peak_is_the_runs_own_not_its_parents():
+    """A train.py started by a large process (a notebook) reports its own peak memory: on Linux ru_maxrss counts the
+    parent's memory up to the exec, so it is read from VmHWM."""
+    child = ("import resource, torch; from attnlab.memory import peak_memory; "
+             "print(peak_memory(torch.device('cpu'))[1], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    parent = (f"import subprocess, sys; x = bytearray(1536 << 20); x[::4096] = b'1' * len(x[::4096]); "
+              f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    own, ru_maxrss = map(int, out.stdout.split())
+    assert own < 1 << 30, f"reported {own / 2**20:.0f} MiB: the parent's 1.5 GiB counted"
+    if sys.platform == "linux":
+        assert ru_maxrss > 1536 << 20  # what the report would be without VmHWM

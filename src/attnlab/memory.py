@@ -60,9 +60,18 @@ class MemoryEstimate:
 
 # ---- what the machine has
 def _peak_rss() -> int:
-    """This process's own ru_maxrss in bytes (kB on Linux, bytes on macOS)."""
+    """This process's own peak resident memory in bytes: VmHWM on Linux (ru_maxrss there also counts the process it
+    was started from, up to its exec: a train.py started by a notebook would report the notebook's size), else
+    ru_maxrss (bytes on macOS)."""
     import resource
 
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if os.uname().sysname == "Darwin" else rss * 1024
 
@@ -77,7 +86,7 @@ def process_rss() -> int:
 
 
 def peak_memory(device: torch.device) -> tuple[str, int]:
-    """("GPU", max_memory_allocated) on a GPU; ("CPU", this process's own ru_maxrss) otherwise, in bytes."""
+    """("GPU", max_memory_allocated) on a GPU; ("CPU", this process's own peak RSS) otherwise, in bytes."""
     if device.type == "cuda":
         return "GPU", torch.cuda.max_memory_allocated(device)
     return "CPU", _peak_rss()
