@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,10 +72,16 @@ def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600
     own_peak_memory: through OWN_PEAK_LAUNCHER, for tests that read the script's peak memory."""
     full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(data_dir or DATA_DIR)} | (env or {})
     launcher = [sys.executable, *OWN_PEAK_LAUNCHER] if own_peak_memory else []
-    return subprocess.run(
-        [*launcher, sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, timeout=timeout,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    # its own process group: a timeout ends what the script started too (a benchmark's train.py, DDP workers)
+    proc = subprocess.Popen([*launcher, sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
 @pytest.fixture
