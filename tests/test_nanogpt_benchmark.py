@@ -22,7 +22,7 @@ import sys, time
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:])
 assert sys.argv[1] == "config/train_shakespeare_char.py" and args["device"] == "cpu" and args["n_embd"] == "128", args
 open("args.log", "a").write(" ".join(sys.argv[1:]) + "\\n")
-x = bytearray(64 << 20); x[::4096] = b"1" * len(x[::4096])  # a known peak RSS above the interpreter's
+x = bytearray(128 << 20); x[::4096] = b"1" * len(x[::4096])  # a known peak RSS above the interpreter's
 for i in range(int(args["max_iters"]) + 1):
     time.sleep(0.01)
     print(f"iter {i}: loss {3 - i / 100:.4f}, time 10.00ms, mfu 1.00%")
@@ -48,7 +48,7 @@ def test_the_nanogpt_comparison_alternates_whole_runs_and_prints_paired_ratios(t
     assert len(re.findall(r"^pair \d: ", out.stdout, re.M)) == 2
     nanogpt = re.search(r"^nanoGPT +([\d.]+) +[-\d.]+ +([\d.]+) +([\d.]+)G +([\d.]+)", out.stdout, re.M)
     assert nanogpt and float(nanogpt[2]) == 10.0 and float(nanogpt[4]) == 2.6  # ms/iter and val loss as logged
-    assert 0.07 < float(nanogpt[3]) < 0.5  # the stand-in's own peak RSS (64 MiB written), not the benchmark's
+    assert 0.12 < float(nanogpt[3]) < 0.5  # the stand-in's own peak RSS (128 MiB written), not the benchmark's
     for label in ("wall", "peak RSS", "ms/iteration"):
         ratio = re.search(rf"attnlab / nanoGPT {label}: ([\d.]+) \(median of 2 paired ratios\)", out.stdout)
         assert ratio and float(ratio[1]) > 0, out.stdout
