@@ -10,7 +10,8 @@ import lightning as L
 class Throughput(L.Callback):
     """Throughput over windows of `log_every_n_steps` training batches, data loading included.
 
-    Reads the clock only at window ends, so it adds no host-device synchronization to other steps.
+    Reads the clock only at window edges, after waiting for the device's queued work (one synchronisation per
+    window), so each window's time holds its own steps' GPU work and not the next window's.
     """
 
     def __init__(self, log_every_n_steps: int = 50):
@@ -40,28 +41,38 @@ class Throughput(L.Callback):
         self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch starts with no epoch start
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        _wait_for_device(pl_module.device)
         self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0
         self._flop_count = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = pl_module.batch_size_of(batch) if hasattr(pl_module, "batch_size_of") else _batch_size(batch)
         self._samples += n
-        if hasattr(pl_module, "tokens_of"):
-            self._tokens += pl_module.tokens_of(batch)
+        if hasattr(pl_module, "tokens_of"):  # an int, or a count on the device read at the window's end
+            self._tokens = self._tokens + pl_module.tokens_of(batch)
         if self._flops:  # tasks whose batches vary in shape count each one (`flops_of`)
             self._flop_count += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else self._flops * n
         self._batches += 1
         if self._batches < self.every:
             return
+        _wait_for_device(pl_module.device)
         elapsed = time.perf_counter() - self._t0
         world = trainer.world_size
         metrics = {"perf/samples_per_s": self._samples * world / elapsed}
-        if self._tokens:
-            metrics["perf/tokens_per_s"] = self._tokens * world / elapsed
+        tokens = float(self._tokens)
+        if tokens:
+            metrics["perf/tokens_per_s"] = tokens * world / elapsed
         if self._flops and self._peak:
             metrics["perf/mfu"] = self._flop_count / elapsed / self._peak
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
         self.on_train_epoch_start(trainer, pl_module)  # the next window
+
+
+def _wait_for_device(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def _batch_size(batch) -> int:

@@ -50,6 +50,16 @@ class TokenizerInCheckpoint:
         self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
 
 
+class DeviceMean(MeanMetric):
+    """A running (weighted) mean whose update only queues two additions on the device. MeanMetric's own update
+    builds a device tensor from a Python weight (a blocking host-to-device copy on a GPU) and checks for NaN (a
+    read on the host); this one does neither, so it can run every training step."""
+
+    def update(self, value: torch.Tensor, weight: float = 1.0) -> None:
+        self.mean_value += value.detach().to(self.mean_value.dtype).sum() * weight
+        self.weight += weight * value.numel()
+
+
 class BaseTask(L.LightningModule):
     """Subclasses build `self.net` in `__init__`, call `self.save_hyperparameters()`, and log their metrics.
 
@@ -58,7 +68,9 @@ class BaseTask(L.LightningModule):
             Two keys are attnlab's, not the optimizer's: `blr` (the lr is blr x effective batch / 256; lr: null)
             and `layer_decay` (layer-wise lr decay, see attnlab.optim.param_groups).
         scheduler: partial schedule config from `attnlab.optim.schedulers`, or None for a constant lr.
-        compile: run the network through `torch.compile` (the network, not this module, so checkpoints stay portable).
+        compile: run the training step's network and loss through `torch.compile` as one graph
+            (`training_loss`), and the network alone for evaluation; the functions are compiled, not this module,
+            so checkpoints stay portable.
         monitor / monitor_mode: the validation metric that defines "best" (`<monitor>_best` is logged).
         data_kinds: the data kinds (`data.kind`) this task trains on.
     """
@@ -80,19 +92,31 @@ class BaseTask(L.LightningModule):
         self.monitor, self.monitor_mode = monitor, monitor_mode
         self.best = MaxMetric() if monitor_mode == "max" else MinMetric()
         self.best.persistent(True)  # a resumed run keeps its best-so-far
-        self._compiled: list = []
-        self.train_loss_mean = MeanMetric(nan_strategy="disable")  # no NaN check: it would sync every step
+        self._compiled: dict[str, Any] = {}
+        self.train_loss_mean = DeviceMean()
         self.train_loss_mean.persistent(True)  # a run resumed mid-epoch keeps the epoch's running mean
         self.register_load_state_dict_pre_hook(_initial_loss_mean)
 
-    # ---- forward through the (optionally compiled) network
+    # ---- the (optionally compiled) training loss and network
+    def training_loss(self, *batch: Any) -> Any:
+        """The loss of a training batch: the network and everything between it and the loss, and nothing that logs,
+        reads a value on the host or branches on one, so that with `compile` it runs as one graph (the loss inside
+        it, as nanoGPT compiles its model with its loss). Returns the loss, or a tuple whose first item is the loss
+        and whose others are what the step also needs (e.g. logits for a training accuracy). Call it through
+        `run_training_loss`."""
+        raise NotImplementedError(f"{type(self).__name__} does not define training_loss()")
+
     def configure_model(self) -> None:
         if self.hparams.get("compile") and not self._compiled:
-            self._compiled.append(torch.compile(self.net))
+            # data-dependent shapes (a masked LM's loss at the masked positions only) stay inside the graph
+            dynamic = torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+            self._compiled = {"net": torch.compile(self.net), "training_loss": dynamic(torch.compile(self.training_loss))}
+
+    def run_training_loss(self, *batch: Any) -> Any:
+        return self._compiled.get("training_loss", self.training_loss)(*batch)
 
     def run_net(self, *args, **kwargs):
-        fn = self._compiled[0] if self._compiled else self.net
-        return fn(*args, **kwargs)
+        return self._compiled.get("net", self.net)(*args, **kwargs)
 
     # ---- the training loss
     def log_train_loss(self, loss: torch.Tensor, batch_size: int, epoch_mean: bool = False) -> None:

@@ -7,7 +7,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.errors import UserError
@@ -61,9 +60,10 @@ class ImageClassifier(BaseTask):
             for p in self.net.parameters():
                 p.requires_grad = id(p) in head
         self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes) if mixup else None
-        self.mix_loss = SoftTargetCrossEntropy()
+        self.label_smoothing = float(label_smoothing)
         top5 = min(5, num_classes)
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        # no input validation while training: it reads values on the host every step
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -90,15 +90,19 @@ class ImageClassifier(BaseTask):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_net(x)  # (B, num_classes)
 
+    def training_loss(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-entropy against class ids (smoothed by label_smoothing) or against mixup's soft targets (which
+        hold the smoothing already)."""
+        logits = self.net(x)                                                # (B, num_classes)
+        smoothing = 0.0 if target.is_floating_point() else self.label_smoothing
+        return F.cross_entropy(logits, target, label_smoothing=smoothing), logits
+
     def training_step(self, batch, batch_idx):
         x, y = batch
+        target = y
         if self.mixup is not None and x.shape[0] % 2 == 0:
-            x_mix, y_soft = self.mixup(x, y)
-            logits = self(x_mix)
-            loss = self.mix_loss(logits, y_soft)
-        else:
-            logits = self(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            x, target = self.mixup(x, y)                                    # mixed images, (B, num_classes) targets
+        loss, logits = self.run_training_loss(x, target)
         self.train_acc.update(logits.detach(), y)
         self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss

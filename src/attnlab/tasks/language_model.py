@@ -147,8 +147,12 @@ class CausalLM(_LanguageModel):
         logits = self(x)                                           # (B, T, V)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
+    def training_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.net(x)                                       # (B, T, V)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
     def training_step(self, batch, batch_idx):
-        loss = self._loss(batch)
+        loss = self.run_training_loss(*batch)
         self.log_train_loss(loss, batch[0].shape[0])
         return loss
 
@@ -230,8 +234,14 @@ class MaskedLM(_LanguageModel):
         acc = (logits.argmax(-1) == target).float().mean()
         return loss, acc, masked.sum(), logits
 
+    def training_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      labels: torch.Tensor) -> torch.Tensor:
+        masked = labels != -100                                     # (B, T)
+        logits = self.net(input_ids, attention_mask, masked)        # (N, V): the masked positions only
+        return F.cross_entropy(logits, labels[masked])
+
     def training_step(self, batch, batch_idx):
-        loss, _, _, _ = self._step(batch)
+        loss = self.run_training_loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
         self.log_train_loss(loss, batch["input_ids"].shape[0])
         return loss
 

@@ -55,9 +55,12 @@ class MAEPretrainer(BaseTask):
     def forward(self, x: torch.Tensor, noise: torch.Tensor | None = None):
         return self.run_net(x, noise=noise)  # loss, pred (B, L, p*p*C), mask (B, L)
 
+    def training_loss(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)[0]  # masking, encoder, decoder and the loss on the masked patches
+
     def training_step(self, batch, batch_idx):
         x = batch[0]  # (B, C, H, W); labels ignored
-        loss, _, _ = self(x)
+        loss = self.run_training_loss(x)
         self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss
 

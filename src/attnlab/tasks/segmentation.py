@@ -129,6 +129,7 @@ class Segmenter(BaseTask):
             raise UserError(f"data.image_size={img_size}: model.net={net} (model.backbone with model.head) needs "
                             f"crops whose side is a multiple of {self.multiple}; set data.image_size="
                             f"{max(self.multiple, round(img_size / self.multiple) * self.multiple)}.")
+        self.ignore_index, self.dice_weight = int(ignore_index), float(dice_weight or 0.0)
         if dice_weight:
             from segmentation_models_pytorch.losses import DiceLoss
 
@@ -163,25 +164,27 @@ class Segmenter(BaseTask):
         return pad_forward(self, x, self.multiple)
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        ignore = self.hparams.ignore_index
+        ignore = self.ignore_index
         # mean over labelled pixels; 0 (not NaN) for a crop with no labelled pixel
         ce = F.cross_entropy(logits.float(), y, ignore_index=ignore, reduction="sum") / (y != ignore).sum().clamp_min(1)
-        if self.hparams.dice_weight:
-            ce = ce + self.hparams.dice_weight * self.dice(logits.float(), y)
+        if self.dice_weight:
+            ce = ce + self.dice_weight * self.dice(logits.float(), y)
         return ce
 
     # ---- steps
+    def training_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.net(x), y)  # (B, C, s, s) -> (B, K, s, s) -> ()
+
     def training_step(self, batch, batch_idx):
         x, y = batch  # (B, C, s, s), (B, s, s)
         try:
-            logits = self(x)
+            loss = self.run_training_loss(x, y)
         except ValueError as e:
             if "Expected more than 1 value per channel" in str(e):
                 raise UserError(f"a training batch of {x.shape[0]} image: the pooling branch of model.head="
                                 f"{self.hparams.head} normalizes over the batch and needs at least 2 images. "
                                 "Set data.batch_size to 2 or more.") from e
             raise
-        loss = self.loss(logits, y)
         self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss
 

@@ -49,6 +49,7 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         super().__init__(**({"monitor": "val/acc", "monitor_mode": "max"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
         self.net = network
+        self.label_smoothing = float(label_smoothing)
         self.tokenizer_json = tokenizer
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
         if freeze_backbone and not hasattr(self.net, "get_classifier"):
@@ -108,9 +109,14 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
     def _logits(self, batch: dict) -> torch.Tensor:
         return self(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
+    def training_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      token_type_ids: torch.Tensor | None, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.net(input_ids, attention_mask, token_type_ids)       # (B, K)
+        return F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
+
     def training_step(self, batch, batch_idx):
-        logits = self._logits(batch)
-        loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=self.hparams.label_smoothing)
+        loss = self.run_training_loss(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
+                                      batch["labels"])
         self.log_train_loss(loss, batch["labels"].shape[0])
         return loss
 
@@ -182,5 +188,5 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
     def batch_size_of(batch: Any) -> int:
         return int(batch["input_ids"].shape[0])
 
-    def tokens_of(self, batch) -> int:
-        return int(batch["attention_mask"].sum())
+    def tokens_of(self, batch) -> torch.Tensor:
+        return batch["attention_mask"].sum()  # counted on the device: no wait per step

@@ -51,6 +51,7 @@ class Translator(BaseTask):
         super().__init__(**({"monitor": "val/bleu", "monitor_mode": "max"} | base))
         self.save_hyperparameters(ignore=["src_tokenizer", "tgt_tokenizer"])
         self.net = network
+        self.pad_id, self.label_smoothing = int(pad_id), float(label_smoothing)
         self.decode_cfg = DECODE_DEFAULTS | dict(decode or {})
         self.tokenizer_json = (src_tokenizer, tgt_tokenizer)
         self._tokenizers = None
@@ -94,8 +95,13 @@ class Translator(BaseTask):
                                ignore_index=self.hparams.pad_id, label_smoothing=smoothing)
         return loss, (target != self.hparams.pad_id).sum()
 
+    def training_loss(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        logits = self.net(src, tgt[:, :-1])                                # (B, T, V): teacher forcing
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tgt[:, 1:].reshape(-1),
+                               ignore_index=self.pad_id, label_smoothing=self.label_smoothing)
+
     def training_step(self, batch, batch_idx):
-        loss, _ = self._loss(batch, self.hparams.label_smoothing)
+        loss = self.run_training_loss(batch["src"], batch["tgt"])
         self.log_train_loss(loss, batch["src"].shape[0])
         return loss
 
@@ -105,8 +111,8 @@ class Translator(BaseTask):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @staticmethod
-    def tokens_of(batch) -> int:
-        return int((batch["src"] != 0).sum() + (batch["tgt"] != 0).sum())
+    def tokens_of(batch) -> torch.Tensor:
+        return (batch["src"] != 0).sum() + (batch["tgt"] != 0).sum()  # counted on the device: no wait per step
 
     @staticmethod
     def batch_size_of(batch: Any) -> int:
