@@ -50,6 +50,13 @@ class TokenizerInCheckpoint:
         self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
 
 
+def _takes(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class DeviceMean(MeanMetric):
     """A running (weighted) mean whose update only queues two additions on the device. MeanMetric's own update
     builds a device tensor from a Python weight (a blocking host-to-device copy on a GPU) and checks for NaN (a
@@ -159,6 +166,9 @@ class BaseTask(L.LightningModule):
             raise UserError("optimizer.lr is null: give the learning rate (optimizer.lr=1e-3), or a base rate scaled "
                             "by the batch size (optimizer.blr=1.5e-4, lr = blr x effective batch / 256).")
         if hasattr(factory, "keywords"):
+            on_gpu = self.device.type == "cuda"
+            if on_gpu and not {"fused", "foreach"} & keywords.keys() and _takes(factory.func, "fused"):
+                keywords["fused"] = True  # one kernel for the whole update (torch's AdamW/Adam/SGD on CUDA)
             factory = functools.partial(factory.func, *factory.args, **keywords)
         wd = keywords.get("weight_decay", 0.0)
         # the wrapped model (DDP/FSDP) when there is one, so sharded parameters are the ones optimized
