@@ -1,6 +1,7 @@
 """ViT-B/16 and Swin-T training throughput on one GPU: attnlab's train.py against timm's own benchmark.py
 (`--bench train`) for the same model, batch, precision and memory layout, on the same card, in one run; and the
-ImageNet loader's images/s per worker on this CPU (JPEG decode + augmentation), with the workers a GPU needs.
+ImageNet loader's images/s per worker on this CPU (JPEG decode + augmentation, to uint8), with the workers a GPU
+needs, and the bytes of a batch on its way to the device.
 
     python benchmarks/vision_gpu.py --timm /tmp/pytorch-image-models [--models vit_base swin] [--batch-size 128]
     python benchmarks/vision_gpu.py --loader [--images 256]     # CPU: the loader alone, per worker
@@ -8,7 +9,8 @@ ImageNet loader's images/s per worker on this CPU (JPEG decode + augmentation), 
 
 timm's benchmark.py is not in the timm wheel: give a checkout of the timm repository (fetched into /tmp, never into
 this project). Both sides train on synthetic ImageNet-shaped batches (data=synthetic_images here, random tensors
-there), fp16 autocast (timm --amp; train.py trainer.precision=16-mixed), AdamW, channels-first. Goal: >= 0.95x timm.
+there), bf16 autocast on both sides (timm --amp --amp-dtype bfloat16; train.py trainer.precision=bf16-mixed;
+`--precision fp16` for float16), AdamW, channels-first. Goal: >= 0.95x timm.
 """
 
 from __future__ import annotations
@@ -29,14 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"vit_base": "vit_base_patch16_224", "swin": "swin_tiny_patch4_window7_224", "vit_tiny": "vit_tiny_patch16_224"}
 
 
-def attnlab_row(model: str, args, out: Path) -> float:
+PRECISION = {"bf16": ("bf16-mixed", "bfloat16"), "fp16": ("16-mixed", "float16")}  # train.py's, timm's --amp-dtype
+
+
+def attnlab_row(model: str, args, out: Path, trainer: list[str] | None = None) -> float:
     size = (["trainer=cpu", "trainer.precision=32-true", "data.image_size=32",
-             "data.num_workers=0"] if args.tiny else ["trainer=gpu", "trainer.precision=16-mixed", "data.num_workers=8"])
+             "data.num_workers=0"] if args.tiny else
+            ["trainer=gpu", f"trainer.precision={PRECISION[args.precision][0]}", "data.num_workers=8"])
     cmd = [sys.executable, str(ROOT / "train.py"), f"model={model}", "data=synthetic_images",
            f"data.batch_size={args.batch_size}", "optimizer=adamw", "optimizer.lr=1e-4", "scheduler=constant",
            f"trainer.max_steps={args.steps}", "trainer.max_epochs=-1", "trainer.limit_val_batches=0",
            f"trainer.log_every_n_steps={args.window}", "test=false", "logger=csv", "callbacks.model_checkpoint=null",
-           "callbacks.progress_bar=null", "extras.print_config=false", f"hydra.run.dir={out}", *size, *args.overrides]
+           "callbacks.progress_bar=null", "extras.print_config=false", f"hydra.run.dir={out}", *size, *(trainer or []),
+           *args.overrides]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"train.py failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -46,7 +53,7 @@ def attnlab_row(model: str, args, out: Path) -> float:
 
 def timm_row(model: str, args) -> float:
     cmd = [sys.executable, "benchmark.py", "--bench", "train", "--model", MODELS[model], "-b", str(args.batch_size),
-           "--amp", "--opt", "adamw", "--num-bench-iter", str(args.steps), "--num-warm-iter", "10"]
+           "--amp", "--amp-dtype", PRECISION[args.precision][1], "--opt", "adamw", "--num-bench-iter", str(args.steps), "--num-warm-iter", "10"]
     proc = subprocess.run(cmd, cwd=args.timm, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     m = re.findall(r'"train_samples_per_sec":\s*([\d.]+)', out)
@@ -68,7 +75,9 @@ def make_jpegs(root: Path, n: int) -> None:
         Image.fromarray(small).resize((500, 375), Image.BICUBIC).save(d / f"{i}.jpg", quality=90)
 
 
-def loader_images_per_s(n: int) -> float:
+def loader_images_per_s(n: int):
+    """(images/s of the training transform in one process, as one loader worker, the last image it made)."""
+    import torch
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -85,10 +94,20 @@ def loader_images_per_s(n: int) -> float:
     dm.setup("fit")
     ds = dm.train_set
     ds[0]
-    start = time.perf_counter()
-    for i in range(len(ds)):
-        ds[i]
-    return len(ds) / (time.perf_counter() - start)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker, which runs torch on one thread
+    try:
+        start = time.perf_counter()
+        for i in range(len(ds)):
+            ds[i]
+        return len(ds) / (time.perf_counter() - start), ds[0][0]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def batch_megabytes(image, batch_size: int = 128) -> tuple[float, float]:
+    """What a batch of these images moves through pinned memory and PCIe: as the loader gives it, and as float32."""
+    return batch_size * image.numel() * image.element_size() / 1e6, batch_size * image.numel() * 4 / 1e6
 
 
 def main() -> None:
@@ -98,6 +117,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--window", type=int, default=10)
+    p.add_argument("--precision", choices=sorted(PRECISION), default="bf16", help="autocast dtype, both sides")
     p.add_argument("--loader", action="store_true", help="the ImageNet loader alone on this CPU, per worker")
     p.add_argument("--images", type=int, default=256)
     p.add_argument("--tiny", action="store_true", help="a tiny ViT on CPU: checks the script, measures nothing")
@@ -105,9 +125,12 @@ def main() -> None:
     args = p.parse_intermixed_args()
     os.environ.setdefault("ATTNLAB_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     if args.loader:
-        rate = loader_images_per_s(args.images)
-        print(f"ImageNet loader (500x375 JPEG decode, RandomResizedCrop 224, flip, RandAugment m9, random erasing), "
-              f"one worker on this CPU: {rate:.1f} images/s")
+        rate, image = loader_images_per_s(args.images)
+        print(f"ImageNet loader (500x375 JPEG decode, RandomResizedCrop 224, flip, RandAugment m9, to {image.dtype}; "
+              f"normalization and random erasing on the device), one worker on this CPU: {rate:.1f} images/s")
+        sent, as_float = batch_megabytes(image, args.batch_size)
+        print(f"  a batch of {args.batch_size} {tuple(image.shape)} images to the device: {sent:.1f} MB "
+              f"(float32: {as_float:.1f} MB)")
         for name, need in (("ViT-B/16 on an RTX 3090 (timm, AMP)", 391), ("Swin-T on an RTX 3090 (timm, AMP)", 647),
                            ("ResNet-50 on an A100 (timm train.py)", 1923)):
             print(f"  {name}: {need} images/s -> data.num_workers >= {math.ceil(need / rate)}")
