@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import torch
@@ -52,6 +53,7 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
         model = net
 
     model._trainer = _T()
+    dm.trainer = SimpleNamespace(training=True)  # what the data module's device-side step reads (random erasing)
     conf = model.configure_optimizers()
     opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
     smoothing = cfg.model.label_smoothing
@@ -65,6 +67,7 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
         for i, (x, y) in enumerate(loader):
             if i == per_epoch:
                 break
+            x, y = dm.on_after_batch_transfer((x, y), 0)  # uint8 images -> normalized float, as the trainer does
             if mixup is not None:
                 x, y_soft = mixup(x, y)
                 loss = model.mix_loss(net(x), y_soft)

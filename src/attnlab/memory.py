@@ -257,7 +257,8 @@ def _traced_step(task, batch, autocast_dtype) -> int:
 def sample_batch(dm):
     """The first batch of the training loader, collated in this process (no workers), without moving the loader's
     random state: the run draws the same batches as without the estimate. A sampler of batches of varying length
-    (length bucketing: it has `lengths`) gives its largest batch instead, padded length x size."""
+    (length bucketing: it has `lengths`) gives its largest batch instead, padded length x size. The batch is as the
+    step receives it: after the data module's `on_after_batch_transfer` (images: uint8 -> normalized float)."""
     with torch.random.fork_rng(devices=[]):
         loader = dm.train_dataloader()
         sampler = loader.batch_sampler
@@ -268,7 +269,12 @@ def sample_batch(dm):
             indices = max(iter(sampler), key=lambda b: len(b) * int(max(lengths[i] for i in b)))
         else:
             indices = next(iter(sampler))
-        return loader.collate_fn([loader.dataset[i] for i in indices])
+        batch = loader.collate_fn([loader.dataset[i] for i in indices])
+        try:
+            return dm.on_after_batch_transfer(batch, 0)
+        except Exception as e:  # a user's hook that needs the trainer: the batch as the loader gives it
+            log.debug("memory estimate: on_after_batch_transfer without a trainer failed (%s)", e)
+            return batch
 
 
 # ---- the estimate and the refusal

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule, kfold
 from attnlab.data.info import DataInfo
-from attnlab.data.transforms import eval_transform, train_transform
+from attnlab.data.transforms import BatchNormalizer, eval_transform, train_transform
 from attnlab.errors import UserError
 from attnlab.types import Fraction, PositiveInt
 
@@ -103,7 +104,12 @@ def scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
 
 
 class ImageDataModule(BaseDataModule):
-    """Images + integer labels. `meta` gives num_classes, image_size and channels to the model."""
+    """Images + integer labels. `info()` gives num_classes, image_size and channels to the model.
+
+    The loaders deliver images as uint8 (B, C, H, W) (`train_transform`, `eval_transform`); once a batch is on the
+    device, `on_after_batch_transfer` normalizes it with `augment`'s mean and std, and while training erases random
+    rectangles (`augment.re_prob`, `re_mode`, `re_count`), as timm's own training loader does. A data module whose
+    images are already float tensors (the digits, a user's dataset) passes them through unchanged."""
 
     def __init__(
         self,
@@ -130,6 +136,7 @@ class ImageDataModule(BaseDataModule):
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.folds, self.fold = folds, int(fold)
         self.class_names: list[str] | None = None
+        self.normalizer = BatchNormalizer.from_augment(self.augment, self.channels)
 
     def train_val(self, labels: Sequence[int], train_idx: Sequence[int], val_idx: Sequence[int]):
         """(training, validation) indices: the fraction split as given, or with `data.folds=K data.fold=i` fold i
@@ -157,3 +164,15 @@ class ImageDataModule(BaseDataModule):
 
     def eval_transform(self):
         return eval_transform(self.image_size, self.channels, self.augment)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """(uint8 images, labels) on the device -> (normalized float32 images, labels); random erasing while
+        training. Lightning calls it for every loop's batches (training, validation, test, prediction)."""
+        train = self.trainer is not None and self.trainer.training
+        if isinstance(batch, torch.Tensor):
+            return self.normalizer(batch, train)
+        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+            x = self.normalizer(batch[0], train)
+            if x is not batch[0]:
+                return [x, *batch[1:]] if isinstance(batch, list) else (x, *batch[1:])
+        return batch

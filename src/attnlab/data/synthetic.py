@@ -49,13 +49,14 @@ class SyntheticTokensDataModule(BaseDataModule):
 
 
 class RandomImages(Dataset):
-    """A bank of `bank` random normalized images with random labels, sample i the (i mod bank)-th: the loader
-    costs what copying a batch costs, as in timm's benchmark."""
+    """A bank of `bank` random uint8 images with random labels, sample i the (i mod bank)-th: the loader costs what
+    copying a batch costs, as in timm's benchmark; the data module normalizes them on the device, as real images."""
 
     def __init__(self, n: int, channels: int, image_size: int, num_classes: int, seed: int, bank: int = 64):
         g = torch.Generator().manual_seed(seed)
         self.n = n
-        self.images = torch.randn(bank, channels, image_size, image_size, generator=g)  # (bank, C, H, W)
+        self.images = torch.randint(0, 256, (bank, channels, image_size, image_size), generator=g,
+                                    dtype=torch.uint8)  # (bank, C, H, W)
         self.labels = torch.randint(num_classes, (bank,), generator=g)
 
     def __len__(self) -> int:

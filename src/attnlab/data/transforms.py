@@ -1,42 +1,97 @@
-"""Image transforms from timm: create_transform for training (RandAugment, random erasing, ...) and evaluation."""
+"""Image transforms from timm, split as timm's own training loader splits them.
+
+In the loader workers: decoding, create_transform's cropping and augmentation (RandAugment, flips, color jitter,
+...), ending in a uint8 (C, H, W) tensor (`create_transform(..., use_prefetcher=True)`). On the device, once a batch
+is there (`BatchNormalizer`, which the image data modules call from `on_after_batch_transfer`): the conversion to
+float, the normalization (x / 255 - mean) / std, and in training timm's RandomErasing on the normalized batch. A
+batch then crosses pinned memory and PCIe as uint8, a quarter of the float32 bytes.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from timm.data import create_transform
+from timm.data.random_erasing import RandomErasing
 
 _DEFAULT_MEAN, _DEFAULT_STD = (0.5,), (0.5,)
+_DEVICE_SIDE = ("mean", "std", "crop_pct", "re_prob", "re_mode", "re_count", "re_num_splits")
 
 
-def _stats(augment: dict, channels: int) -> tuple[tuple, tuple]:
+def image_stats(augment: dict | None, channels: int) -> tuple[tuple, tuple]:
+    """The normalization mean and std of `augment` (0.5 each when it names none), one per channel."""
+    augment = augment or {}
     mean = tuple(augment.get("mean") or _DEFAULT_MEAN * channels)
     std = tuple(augment.get("std") or _DEFAULT_STD * channels)
     return mean[:channels] if channels == 1 else mean, std[:channels] if channels == 1 else std
 
 
 def train_transform(image_size: int, channels: int, augment: dict[str, Any] | None):
-    """timm's training pipeline. `augment` takes create_transform's arguments: scale, ratio, hflip, vflip,
-    color_jitter, auto_augment ("rand-m9-mstd0.5", "augmix-...", "trivialaugment"), re_prob, interpolation."""
+    """timm's training pipeline up to a uint8 (C, H, W) tensor. `augment` takes create_transform's arguments: scale,
+    ratio, hflip, vflip, color_jitter, auto_augment ("rand-m9-mstd0.5", "augmix-...", "trivialaugment"),
+    interpolation; mean/std (RandAugment's fill color here, the normalization on the device) and re_prob, re_mode,
+    re_count, re_num_splits (random erasing, on the device: `BatchNormalizer`)."""
     augment = dict(augment or {})
     if not augment:
         return eval_transform(image_size, channels, augment)
-    mean, std = _stats(augment, channels)
-    augment.pop("mean", None), augment.pop("std", None), augment.pop("crop_pct", None)
+    mean, std = image_stats(augment, channels)
+    augment = {k: v for k, v in augment.items() if k not in _DEVICE_SIDE}
     if channels == 1:  # RandAugment and color jitter assume RGB
         augment["auto_augment"], augment["color_jitter"] = None, None
     return create_transform(
-        input_size=(channels, image_size, image_size), is_training=True, mean=mean, std=std,
+        input_size=(channels, image_size, image_size), is_training=True, mean=mean, std=std, use_prefetcher=True,
         **({"interpolation": "bicubic"} | augment),
     )
 
 
-def eval_transform(image_size: int, channels: int, augment: dict[str, Any] | None):
-    """Resize + center crop + normalize; small images (<= 64 px) are not cropped."""
+def eval_transform(image_size: int, channels: int, augment: dict[str, Any] | None, normalize: bool = False):
+    """Resize + center crop (small images, <= 64 px, are not cropped) to a uint8 (C, H, W) tensor; with `normalize`
+    (prediction, outside a data module) to the normalized float32 tensor instead, the numbers `BatchNormalizer`
+    gives on the device."""
     augment = dict(augment or {})
-    mean, std = _stats(augment, channels)
+    mean, std = image_stats(augment, channels)
     crop_pct = augment.get("crop_pct") or (1.0 if image_size <= 64 else 0.875)
     return create_transform(
         input_size=(channels, image_size, image_size), is_training=False, mean=mean, std=std,
-        crop_pct=crop_pct, interpolation=augment.get("interpolation", "bicubic"),
+        crop_pct=crop_pct, interpolation=augment.get("interpolation", "bicubic"), use_prefetcher=not normalize,
     )
+
+
+class BatchNormalizer:
+    """A uint8 (B, C, H, W) batch (or one (C, H, W) image) -> float32 (x / 255 - mean) / std on its device, as timm's
+    PrefetchLoader does; with `train=True` then timm's RandomErasing (re_prob, re_mode, re_count, re_num_splits) on
+    the normalized batch. A floating-point batch is returned as it is. The mean and std live on each device they
+    meet, built once."""
+
+    def __init__(self, mean, std, re_prob: float = 0.0, re_mode: str = "const", re_count: int = 1,
+                 re_num_splits: int = 0):
+        self.mean, self.std = tuple(255 * float(m) for m in mean), tuple(255 * float(s) for s in std)
+        self.erasing = dict(probability=float(re_prob), mode=re_mode, max_count=int(re_count),
+                            num_splits=int(re_num_splits)) if re_prob else None
+        self._on: dict[torch.device, tuple] = {}
+
+    @classmethod
+    def from_augment(cls, augment: dict | None, channels: int) -> BatchNormalizer:
+        augment = augment or {}
+        mean, std = image_stats(augment, channels)
+        erasing = {k: augment[k] for k in ("re_prob", "re_mode", "re_count", "re_num_splits") if augment.get(k)}
+        return cls(mean, std, **erasing)
+
+    def _state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, RandomErasing | None]:
+        if device not in self._on:  # one host-to-device copy per device, on the first batch
+            mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1).to(device)
+            std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1).to(device)
+            erase = RandomErasing(**self.erasing, device=device) if self.erasing else None
+            self._on[device] = (mean, std, erase)
+        return self._on[device]
+
+    def __call__(self, x: torch.Tensor, train: bool = False) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            return x
+        mean, std, erase = self._state(x.device)
+        x = x.float().sub_(mean).div_(std)                                   # (B, C, H, W) float32
+        return erase(x) if train and erase is not None else x
+
+    def __getstate__(self) -> dict:  # the per-device tensors stay in the process that built them
+        return self.__dict__ | {"_on": {}}
