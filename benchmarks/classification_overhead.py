@@ -68,9 +68,9 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
             if i == per_epoch:
                 break
             x, y = dm.on_after_batch_transfer((x, y), 0)  # uint8 images -> normalized float, as the trainer does
-            if mixup is not None:
+            if mixup is not None:  # soft targets, smoothed by mixup itself
                 x, y_soft = mixup(x, y)
-                loss = model.mix_loss(net(x), y_soft)
+                loss = F.cross_entropy(net(x), y_soft)
             else:
                 loss = F.cross_entropy(net(x), y, label_smoothing=smoothing)
             opt.zero_grad(set_to_none=True)
