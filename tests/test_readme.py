@@ -44,8 +44,11 @@ BENCHMARK_BUDGET = {
     "memory_estimate.py": ["--steps", "3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"],
     "mae_cifar10.py": ["--out", "{cwd}/benchmark", "--pretrain-epochs", "1", "--finetune-epochs", "1", "trainer.limit_train_batches=2",
                        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.num_workers=0"],
-    "gpt2_gpu.py": [],      # the README runs them --tiny; the [GPU] rows need a card
+    "gpt2_gpu.py": [],      # [GPU] only
     "vision_gpu.py": ["--images", "24"],
+    # --tiny in the README (gpu_check.sh is its [GPU] run); the ddp row goes through the same vision path as vit_base
+    "gpu_check.py": ["--repeats", "1", "--images", "24", "--only", "gpt", "ddp", "loader"],
+    "gpu_check.sh": [],
 }
 
 
@@ -158,6 +161,9 @@ class Runner:
             assert cmd.marked, cmd.text
             if argv[1] == "sweep":  # its Hydra side is checked in test_sweeps.py
                 assert (ROOT / argv[2]).is_file()
+            return
+        if argv[0] == "bash" and cmd.marked:  # a [GPU] script: the script is there, that is all
+            assert (ROOT / argv[1]).is_file() and Path(argv[1]).name in BENCHMARK_BUDGET, cmd.text
             return
         if argv[0] == "python" and argv[1] == "-m":
             program, args = argv[2], argv[3:]
