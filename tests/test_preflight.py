@@ -48,11 +48,72 @@ def test_preflight_in_a_multirun_prints_one_line_per_job(tmp_path, log_env):
 
 
 def test_the_largest_batch_on_cpu_comes_from_the_estimate():
-    from attnlab.cli.preflight import _largest_batch_cpu
+    from attnlab.cli.preflight import _largest_batch_estimated
     from attnlab.memory import GiB, MemoryEstimate
 
     est = MemoryEstimate("CPU", {"process": 1 * GiB, "gradients": GiB // 4, "optimizer state": GiB // 2,
                                  "activations": 2 * GiB}, available=8 * GiB)
     # 2 GiB of activations for 64 samples; 8 - 1.75 GiB left for them -> 200 samples
-    assert _largest_batch_cpu(est, 64) == 200
-    assert _largest_batch_cpu(MemoryEstimate("CPU", {"process": GiB}, available=None), 64) is None
+    assert _largest_batch_estimated(est, 64) == 200
+    assert _largest_batch_estimated(MemoryEstimate("CPU", {"process": GiB}, available=None), 64) is None
+
+
+def test_preflight_under_ddp_gives_the_largest_batch_from_the_estimate(tmp_path, log_env):
+    """Lightning's batch-size finder refuses distributed strategies: under DDP (here 2 CPU processes over gloo) the
+    largest batch per process comes from the memory estimate."""
+    out = run_cli("train.py", "trainer=ddp_cpu", "preflight=true", "preflight_steps=2", "trainer.max_steps=20",
+                  *QUICK, f"hydra.run.dir={tmp_path / 'run'}", env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    m = re.search(r"largest batch +data.batch_size ≈ (\d+) \(from the memory estimate for each of 2 processes"
+                  r"(; the whole training split fits)?; now (\d+)\)", out.stdout)
+    assert m and int(m.group(1)) > int(m.group(3)), out.stdout[-3000:]
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize("start, tried, found", [(60, [60, 120, 90], 90), (200, [200, 100, 150], 100),
+                                                 (100, [100, 200, 150], 100), (1, [1], None)])
+def test_the_search_on_one_gpu_starts_at_the_estimate_and_tries_a_few_sizes(start, tried, found):
+    """On one GPU the estimate's size is tried for real, then doubled while it fits and bisected once one runs out
+    of memory: three sizes at most (here a GPU that fits 100 samples, and one that fits none)."""
+    import torch
+
+    from attnlab.cli.preflight import SEARCH_TRIALS, _largest_batch_gpu
+
+    limit = 100 if found else 0
+    sizes = []
+
+    class Trainer:
+        global_step = 0
+
+        def fit(self, model, datamodule):
+            sizes.append(datamodule.batch_size)
+            if datamodule.batch_size > limit:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            self.global_step = 2
+
+    class Data:
+        batch_size = 8
+
+    assert _largest_batch_gpu(lambda max_steps: Trainer(), torch.nn.Linear(2, 2), Data(), start) == found
+    assert sizes == tried and len(sizes) <= SEARCH_TRIALS == 3
+
+
+def test_the_search_stops_at_the_training_split():
+    """No batch is larger than the training split: a GPU that fits more tries the split's size once."""
+    import torch
+
+    from attnlab.cli.preflight import _largest_batch_gpu
+
+    sizes = []
+
+    class Trainer:
+        global_step = 2
+
+        def fit(self, model, datamodule):
+            sizes.append(datamodule.batch_size)
+
+    class Data:
+        batch_size = 8
+
+    assert _largest_batch_gpu(lambda max_steps: Trainer(), torch.nn.Linear(2, 2), Data(), 5000, limit=1258) == 1258
+    assert sizes == [1258]

@@ -36,3 +36,17 @@ def test_a_new_network_registers_itself_and_a_task_builds_it_by_name():
     task = CausalLM(vocab_size=5, block_size=4, net="bigram_test")
     assert isinstance(task.net, nn.Embedding)
     assert task(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, 5)
+
+
+def test_a_setting_given_as_zero_reaches_the_timm_network(monkeypatch):
+    """model.drop_path_rate=0.0 is passed to timm like any other value; only null (None) leaves timm's default."""
+    import timm
+
+    from attnlab.nn import factory
+
+    given = []
+    create = timm.create_model
+    monkeypatch.setattr(factory.timm, "create_model", lambda *a, **k: given.append(k) or create(*a, **k))
+    for rate in (0.0, 0.2, None):
+        create_network("timm", {"backbone": "vit_compact", "img_size": 8, "in_chans": 1, "drop_path_rate": rate})
+    assert [k.get("drop_path_rate", "not given") for k in given] == [0.0, 0.2, "not given"]

@@ -188,6 +188,15 @@ def test_no_progress_bar_callback_means_no_bar(tmp_path):
         assert (trainer.progress_bar_callback is not None) == has_bar, overrides
 
 
+def test_no_model_checkpoint_callback_means_no_checkpoint_written(tmp_path):
+    """callbacks.model_checkpoint=null: the run writes no checkpoint at all (not Lightning's default writer's)."""
+    cfg = compose_cfg(["callbacks.model_checkpoint=null", "trainer.max_epochs=1", "trainer.limit_train_batches=3",
+                       "trainer.limit_val_batches=2", "trainer.limit_test_batches=2", *FAST], tmp_path)
+    train(cfg)
+    assert (tmp_path / "metrics.json").is_file()
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
 def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path, small_data):
     base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
             "trainer.max_epochs=1", *FAST]

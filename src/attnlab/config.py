@@ -22,12 +22,14 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 # The keys of a config group's node that are the platform's, not its constructor's: attnlab reads them (the data
-# kinds a model trains on, the metric that names the best checkpoint, attnlab's optimizer options, the data's kind).
+# kinds a model trains on, the metric that names the best checkpoint, the activation checkpointing of its blocks
+# (attnlab.strategies), attnlab's optimizer options, the data's kind).
 # A node that leaves one out gets the default given here (None: none needed), so a user's own LightningModule or
 # LightningDataModule config holds nothing but its constructor's arguments; and before a node is instantiated they
 # are taken off, unless its constructor names them (attnlab's own tasks and data modules take them).
 PLATFORM_KEYS: dict[str, dict[str, Any]] = {
-    "model": {"data_kinds": [], "monitor": "val/loss", "monitor_mode": "min", "compile": False},
+    "model": {"data_kinds": [], "monitor": "val/loss", "monitor_mode": "min", "compile": False,
+              "activation_checkpointing": False},
     "optimizer": {"blr": None, "layer_decay": None},
     "data": {"kind": None, "name": None},
 }

@@ -1,35 +1,158 @@
-"""Strategy factories: FSDP that wraps each transformer block of the task's network as its own unit."""
+"""How a strategy meets the task's network: through the network's repeated blocks (`block_classes()`, see
+attnlab.protocols), each wrapped as its own FSDP unit under `trainer=fsdp`, and with
+`model.activation_checkpointing=true` recomputed in the backward pass instead of kept: by Lightning's FSDPStrategy
+(`activation_checkpointing_policy`) under FSDP, by torch's checkpoint wrapper around each block under any other
+strategy (DDP, one device).
+
+Lightning builds a strategy from the config before the model exists; attnlab's trainer builder
+(`attnlab.cli.builders.build_trainer`) builds the task first, and hands its block classes to the FSDP strategy here
+(`fsdp_strategy`) before the Trainer is created.
+"""
 
 from __future__ import annotations
 
+import inspect
+import logging
+from collections.abc import Iterable
 from typing import Any
+
+from torch import nn
+
+from attnlab.errors import UserError
+
+log = logging.getLogger("attnlab")
+
+
+def block_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """The block types of the networks inside `model` (a task, or a network): those a network declares
+    (`block_classes()`, attnlab.protocols.BlockNetwork), or for a timm network those of timm's own structure
+    (attnlab.nn.factory.timm_block_classes). Empty where a network has neither."""
+    from attnlab.nn.factory import timm_block_classes
+
+    declared = getattr(model, "block_classes", None)
+    if callable(declared):
+        return set(declared())
+    found = timm_block_classes(model)
+    for child in () if found else model.children():
+        found |= block_classes(child)
+    return found
+
+
+def _import(name: str | type) -> type:
+    if not isinstance(name, str):
+        return name
+    from hydra.utils import get_class
+
+    try:
+        return get_class(name)
+    except Exception as e:
+        raise UserError(f"trainer.strategy.block_classes names {name}, which cannot be imported ({e.__cause__ or e}): "
+                        "give the import path of an nn.Module class, or leave block_classes out (the network's own "
+                        "block classes are used).") from e
 
 
 def fsdp(sharding_strategy: str = "FULL_SHARD", activation_checkpointing: bool = False,
-         state_dict_type: str = "sharded", cpu_offload: bool = False, block_classes: list[str] | None = None,
-         **kwargs: Any):
-    """Lightning FSDPStrategy. The blocks wrapped are `block_classes` (import paths), or by default the
-    transformer blocks of timm and of attnlab's own models."""
-    import importlib
-
+         state_dict_type: str = "sharded", cpu_offload: bool = False,
+         block_classes: Iterable[str | type] | None = None, **kwargs: Any):
+    """Lightning's FSDPStrategy with each module of `block_classes` as its own FSDP unit, and with
+    `activation_checkpointing` each of them checkpointed. The trainer builder passes the block classes of the
+    task's network (`fsdp_strategy`); import paths in the config name others instead."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    names = block_classes or [
-        "timm.models.vision_transformer.Block",
-        "timm.models.swin_transformer.SwinTransformerBlock",
-    ]
-    classes = set()
-    for name in names:
-        module, _, cls = name.rpartition(".")
-        try:
-            classes.add(getattr(importlib.import_module(module), cls))
-        except (ImportError, AttributeError):
-            continue
+    classes = {_import(c) for c in block_classes or ()}
     return FSDPStrategy(
         sharding_strategy=sharding_strategy,
         auto_wrap_policy=classes or None,
-        activation_checkpointing_policy=classes if activation_checkpointing else None,
+        activation_checkpointing_policy=classes if activation_checkpointing and classes else None,
         state_dict_type=state_dict_type,
         cpu_offload=cpu_offload,
         **kwargs,
     )
+
+
+def _fsdp_node(strategy) -> dict | None:
+    """trainer.strategy as a plain dict with its `_target_`, when it is FSDP (attnlab's `fsdp`, Lightning's
+    FSDPStrategy or a subclass, or the name "fsdp"); else None."""
+    if strategy is None or isinstance(strategy, str):
+        return {"_target_": f"{__name__}.fsdp"} if str(strategy).lower() == "fsdp" else None
+    from hydra.utils import get_object
+    from lightning.pytorch.strategies import FSDPStrategy
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.to_container(strategy, resolve=True) if isinstance(strategy, DictConfig) else strategy
+    if not isinstance(node, dict) or not node.get("_target_"):
+        return None
+    try:
+        target = get_object(node["_target_"])
+    except Exception:
+        return None  # the trainer's instantiation says what is wrong with it
+    return dict(node) if target is fsdp or (inspect.isclass(target) and issubclass(target, FSDPStrategy)) else None
+
+
+def is_fsdp(strategy) -> bool:
+    return _fsdp_node(strategy) is not None
+
+
+def fsdp_strategy(strategy, model: nn.Module, activation_checkpointing: bool = False):
+    """The FSDP strategy that trainer.strategy configures, given the block classes of `model`'s network (unless
+    the config names its own) and, with `activation_checkpointing`, checkpointing them. None when trainer.strategy
+    is not FSDP: the trainer builds that one from its config."""
+    from hydra.utils import instantiate
+
+    node = _fsdp_node(strategy)
+    if node is None:
+        return None
+    classes = block_classes(model)
+    ours = node["_target_"] == f"{__name__}.fsdp"
+    named = node.get("block_classes") if ours else node.get("auto_wrap_policy")
+    if not classes and not named:
+        log.info("FSDP: %s declares no block classes (attnlab.protocols.BlockNetwork): the network is one FSDP unit"
+                 "%s", type(getattr(model, "net", model)).__name__,
+                 ", and no activations are checkpointed" if activation_checkpointing else "")
+    given: dict[str, Any] = {}
+    if ours:
+        given |= {} if named else {"block_classes": classes}
+        given["activation_checkpointing"] = bool(node.get("activation_checkpointing") or activation_checkpointing)
+    else:
+        given |= {} if "auto_wrap_policy" in node else {"auto_wrap_policy": classes or None}
+        if activation_checkpointing and not {"activation_checkpointing", "activation_checkpointing_policy"} & set(node):
+            given["activation_checkpointing_policy"] = classes or None
+    rest = {k: v for k, v in node.items() if k not in given}
+    return instantiate(rest, _partial_=True)(**given)
+
+
+def activation_checkpointing(cfg) -> bool:
+    """model.activation_checkpointing of a run's config (a platform key: every task takes it)."""
+    return bool((cfg.get("model") or {}).get("activation_checkpointing"))
+
+
+def checkpointed(cfg, task):
+    """The task, with `model.activation_checkpointing=true` under a strategy that does not checkpoint itself (DDP,
+    one device) its blocks wrapped (`checkpoint_activations`); FSDP checkpoints them itself (`fsdp_strategy`)."""
+    if activation_checkpointing(cfg) and not is_fsdp((cfg.get("trainer") or {}).get("strategy")):
+        checkpoint_activations(task)
+    return task
+
+
+def checkpoint_activations(model: nn.Module) -> int:
+    """Recompute the activations of each block of `model`'s network in the backward pass instead of keeping them
+    (torch's checkpoint wrapper around every module of its block classes), for the strategies that do not
+    checkpoint themselves (DDP, one device). The state dict keeps its names. -> the number of blocks wrapped: 0
+    where the network declares none (logged) or its blocks are wrapped already."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+    )
+
+    if any(isinstance(m, CheckpointWrapper) for m in model.modules()):
+        return 0
+    classes = tuple(block_classes(model))
+    if not classes:
+        log.warning("model.activation_checkpointing=true: %s declares no block classes (attnlab.protocols."
+                    "BlockNetwork): no activations are checkpointed", type(getattr(model, "net", model)).__name__)
+        return 0
+    apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, classes))
+    wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())
+    log.info("activation checkpointing: %d blocks (%s) recompute their activations in the backward pass", wrapped,
+             ", ".join(sorted(c.__name__ for c in classes)))
+    return wrapped

@@ -107,6 +107,7 @@ def build_task(cfg: DictConfig, dm) -> Any:
     that `Task.load_from_checkpoint(path)` can rebuild them from the checkpoint alone. Any other LightningModule
     (a `_target_` of the user's) gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its
     constructor takes them (lightning-hydra-template's convention)."""
+    from attnlab import strategies
     from attnlab.tasks.base import BaseTask
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -119,7 +120,8 @@ def build_task(cfg: DictConfig, dm) -> Any:
     # the data's objects (tokenizers, class names, ...) for the parameters the task names and the config leaves empty
     kwargs |= {k: v for k, v in data_info(dm).task_arguments().items() if k in takes and kwargs.get(k) is None}
     if issubclass(task_cls, BaseTask):
-        return check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), dm)
+        task = check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), dm)
+        return strategies.checkpointed(cfg, task)
     if optimizer and "optimizer" in takes:
         opt_kwargs, platform = constructor_kwargs("optimizer", optimizer, object)
         used = {k: v for k, v in platform.items() if v is not None}
@@ -132,7 +134,8 @@ def build_task(cfg: DictConfig, dm) -> Any:
         kwargs["optimizer"] = instantiate(opt_kwargs | {"_partial_": True})
     if scheduler and "scheduler" in takes:
         kwargs["scheduler"] = instantiate(scheduler | {"_partial_": True})
-    return instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}", **kwargs}, _convert_="all")
+    return strategies.checkpointed(cfg, instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}",
+                                                     **kwargs}, _convert_="all"))
 
 
 def check_data(task, dm):
@@ -213,7 +216,8 @@ def check_devices(trainer_cfg) -> None:
         )
 
 
-def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
+def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
+    """The Trainer of cfg.trainer; an FSDP strategy gets the block classes of `model`'s network (strategies.py)."""
     trainer_cfg = cfg.trainer
     check_devices(trainer_cfg)
     if cfg.get("global_batch_size"):
@@ -229,12 +233,23 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list):
         torch.set_num_threads(min(torch.get_num_threads(), share))
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
-    extra = {}
-    if "enable_progress_bar" not in trainer_cfg:  # callbacks.progress_bar=null means no bar, not Lightning's default
-        from lightning.pytorch.callbacks import ProgressBar
+    from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 
+    from attnlab.strategies import activation_checkpointing, fsdp_strategy
+
+    extra = {}
+    # callbacks.progress_bar=null / callbacks.model_checkpoint=null mean none, not Lightning's default one
+    if "enable_progress_bar" not in trainer_cfg:
         extra["enable_progress_bar"] = any(isinstance(c, ProgressBar) for c in callbacks)
+    if "enable_checkpointing" not in trainer_cfg:
+        extra["enable_checkpointing"] = any(isinstance(c, Checkpoint) for c in callbacks)
     strategy = trainer_cfg.get("strategy") or ""
+    sharded = model is not None and fsdp_strategy(strategy, model, activation_checkpointing(cfg))
+    if sharded:
+        trainer_cfg = trainer_cfg.copy()
+        with open_dict(trainer_cfg):
+            del trainer_cfg["strategy"]
+        extra["strategy"] = sharded
     target = str(strategy if isinstance(strategy, str) else strategy.get("_target_", "")).lower()
     if not trainer_cfg.get("plugins") and "fsdp" not in target and "deepspeed" not in target:  # sharded: own IO
         from attnlab.callbacks.checkpoint import AtomicCheckpointIO
@@ -343,8 +358,11 @@ def check_same_task(meta: dict, model_target: str, ckpt_path: str, run_dir: bool
     )
 
 
+RUNTIME_KEYS = ("compile", "activation_checkpointing")  # how the model runs, not what it is
+
+
 def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:
-    """An auto-resumed run must build the model the run directory's checkpoint holds."""
+    """An auto-resumed run must build the model the run directory's checkpoint holds (its runtime keys aside)."""
     def flat(d: dict, prefix: str = "") -> dict:
         out = {}
         for k, v in d.items():
@@ -352,7 +370,7 @@ def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:
         return out
 
     before, now = flat(meta["config"]["model"]), flat(model_cfg)
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k != "compile")
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k not in RUNTIME_KEYS)
     if changed:
         shown = ", ".join(f"model.{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:6])
         raise UserError(

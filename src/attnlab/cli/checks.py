@@ -68,6 +68,9 @@ class TrainerRanges(typing_extensions.TypedDict, total=False):
     limit_predict_batches: NonNegativeInt | UnitInterval | None
 
 
+# the types of the platform keys (attnlab.config.PLATFORM_KEYS), checked where a constructor does not take the key
+PLATFORM_HINTS: dict[str, dict[str, Any]] = {"model": {"compile": bool, "activation_checkpointing": bool}}
+
 # extra hints for constructors attnlab does not own, by `_target_`
 EXTRA_HINTS = {"lightning.pytorch.Trainer": TrainerRanges, "lightning.Trainer": TrainerRanges,
                "pytorch_lightning.Trainer": TrainerRanges}
@@ -173,7 +176,11 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
     problems = []
     for key in node:
         key = str(key)
-        if key.startswith("_") or key in platform - taken:
+        if key.startswith("_"):
+            continue
+        if key in platform - taken:
+            hint = PLATFORM_HINTS.get(group, {}).get(key, inspect.Parameter.empty)
+            problems += [p for p in [_check_value(path, key, node, hint)] if p]
             continue
         if key not in params:
             if not open_ended:

@@ -61,7 +61,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                         f"{type(model).__name__}: leave them out.")
     if decode:
         model.decode_cfg |= decode
-    trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg))
+    trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg), model)
     run = trainer.test if cfg.split == "test" else trainer.validate
     metrics = {k: float(v) for k, v in run(model, datamodule=dm, verbose=True)[0].items()
                if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint

@@ -5,18 +5,21 @@ It builds everything the run would (data, model, trainer with its precision, str
 prints: parameters, samples/s and tokens/s, MFU against the device's peak (utils/flops.py), the peak memory measured
 beside the estimate that refuses runs too large for the machine and what the machine has, the time the configured
 run will take to its step or epoch budget (validation and test included), and the largest `data.batch_size` that
-fits (the memory estimate on CPU; on a GPU, Lightning's batch-size finder, which halves on an out-of-memory error).
+fits: from the memory estimate against what the device has (on CPU, and for every process of a DDP or FSDP run); on
+one GPU, that size tried for real and moved by the outcome, a few sizes at most.
 Nothing is written to the run's checkpoints or loggers. In a multirun, each job prints its one-line summary.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from omegaconf import DictConfig, open_dict
 
 log = logging.getLogger("attnlab")
@@ -167,7 +170,10 @@ def _loader_len(loader) -> int:
 
 
 # ---- the largest batch
-def _largest_batch_cpu(est, batch_size: int) -> int | None:
+SEARCH_TRIALS = 3  # batch sizes tried on one GPU, each for two steps
+
+
+def _largest_batch_estimated(est, batch_size: int) -> int | None:
     """From the estimate: the activations grow with the batch, the rest does not."""
     if est is None or not est.available or not est.terms.get("activations"):
         return None
@@ -176,12 +182,49 @@ def _largest_batch_cpu(est, batch_size: int) -> int | None:
     return max(0, int((est.available - fixed) // per_sample))
 
 
-def _largest_batch_gpu(trainer_factory, model, dm) -> int | None:
-    from lightning.pytorch.tuner import Tuner
+def _out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
 
-    trainer = trainer_factory(max_steps=3)
-    return Tuner(trainer).scale_batch_size(model, datamodule=dm, mode="binsearch", steps_per_trial=2,
-                                           init_val=dm.batch_size, max_trials=12)
+
+def _training_samples(dm) -> int | None:
+    """The size of the training split, which no batch can exceed; None when the data module does not say."""
+    try:
+        return len(dm.train_set)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _largest_batch_gpu(trainer_factory, model, dm, start: int, trials: int = SEARCH_TRIALS,
+                       limit: int | None = None) -> int | None:
+    """The largest batch that trains on one GPU, up to `limit` (the training split): `start` (the estimate's) tried
+    first, then doubled while a size fits and bisected once one runs out of memory, `trials` sizes at most. None
+    when none fits."""
+    from attnlab.errors import UserError
+
+    limit = limit or 2**31
+    fits, fails, size = 0, None, max(1, min(start, limit))
+    for _ in range(trials):
+        dm.batch_size = size
+        try:
+            trainer = trainer_factory(max_steps=2)
+            trainer.fit(model, datamodule=dm)
+            if trainer.global_step == 0:
+                break
+            fits = size
+        except UserError:  # larger than the training split
+            break
+        except Exception as e:  # noqa: BLE001 - only running out of memory is an answer
+            if not _out_of_memory(e):
+                raise
+            fails = size
+        finally:
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+        size = min(2 * fits, limit) if fails is None else (fits + fails) // 2
+        if size <= fits:
+            break
+    return fits or None
 
 
 # ---- the preflight
@@ -208,7 +251,7 @@ def preflight(cfg: DictConfig, model, dm) -> None:
             run.trainer.update(max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
                                fast_dev_run=False, enable_checkpointing=False, enable_progress_bar=False,
                                enable_model_summary=False)
-        return builders.build_trainer(run, list(callbacks), [])
+        return builders.build_trainer(run, list(callbacks), [], model)
 
     report = Report(params=params["model/params_total"], device="")
     report.estimate, report.available = estimate, getattr(estimate, "available", None)
@@ -236,17 +279,22 @@ def preflight(cfg: DictConfig, model, dm) -> None:
     else:
         report.skipped = "not run: the estimate exceeds what the machine has"
     bs = int(cfg.data.get("batch_size") or dm.batch_size)
-    if torch.cuda.is_available() and trainer is not None and trainer.strategy.root_device.type == "cuda":
+    report.max_batch = _largest_batch_estimated(estimate, bs)
+    report.max_batch_how = "from the memory estimate" + (f" for each of {trainer.world_size} processes"
+                                                          if trainer is not None and trainer.world_size > 1 else "")
+    limit = _training_samples(dm)
+    one_gpu = trainer is not None and isinstance(trainer.strategy, SingleDeviceStrategy)
+    if one_gpu and trainer.strategy.root_device.type == "cuda":  # several processes: the estimate alone
+        start = report.max_batch or bs
         try:
-            report.max_batch = _largest_batch_gpu(lambda max_steps: trainer_factory(max_steps), model, dm)
-            report.max_batch_how = "Lightning's batch-size finder on this GPU"
+            report.max_batch = _largest_batch_gpu(trainer_factory, model, dm, start, limit=limit)
+            report.max_batch_how = f"tried on this GPU from the estimate's {start}, {SEARCH_TRIALS} sizes at most"
         except Exception as e:  # noqa: BLE001 - a report, not a run: say why there is no number
-            report.max_batch_how = f"not found ({type(e).__name__}: {e})"
+            report.max_batch_how = f"not found on this GPU ({type(e).__name__}: {e}); the estimate's: {start}"
         finally:
             dm.batch_size = bs
-    else:
-        report.max_batch = _largest_batch_cpu(estimate, bs)
-        report.max_batch_how = "from the memory estimate"
+    if limit and report.max_batch and report.max_batch >= limit:
+        report.max_batch, report.max_batch_how = limit, report.max_batch_how + "; the whole training split fits"
     if trainer is None or trainer.is_global_zero:  # one report for a multi-process run
         _print(cfg, report, steps, bs)
 

@@ -67,7 +67,7 @@ def train(cfg: DictConfig) -> float | None:
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition(),
                                                                               SignalGuard()]
     pin_subprocess_ranks_to_job()
-    trainer = builders.build_trainer(cfg, callbacks, loggers)
+    trainer = builders.build_trainer(cfg, callbacks, loggers, model)
     for lg in loggers:
         lg.log_hyperparams(resolved | builders.count_parameters(model))
 

@@ -70,6 +70,10 @@ class BertEncoder(StackAccounting, nn.Module):
             x = block(x, key_padding_mask=pad)
         return self.norm_f(x)                                              # (B, T, C)
 
+    def block_classes(self) -> set[type[nn.Module]]:
+        """The repeated blocks (attnlab.protocols.BlockNetwork): FSDP units, activation checkpoints."""
+        return {Block}
+
     def group_matcher(self, coarse: bool = False) -> dict:
         """timm's hook for layer-wise lr decay: embeddings first, then one group per block, the heads last."""
         return {"stem": r"^embed|^segment|^embed_norm", "blocks": r"^blocks\.(\d+)"}

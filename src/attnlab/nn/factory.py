@@ -43,14 +43,50 @@ def weights_error(backbone: str, e: Exception) -> UserError:
                      "hub: go online once (they are cached in ~/.cache/huggingface), or set model.pretrained=false.")
 
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity)
+
+
+def timm_block_classes(net: nn.Module) -> set[type[nn.Module]]:
+    """The block types of a timm network, from timm's own structure: the modules its `group_matcher()` numbers as
+    blocks (`blocks.3` of a ViT, `layers.1.blocks.0` of a Swin, `stages.2.blocks.1` of a ConvNeXt, `layer3.4` of a
+    ResNet); for a timm feature extractor, which has none (the encoder of `encoder_decoder`), the modules of its
+    `blocks` lists. Empty for any other network."""
+    import re
+
+    matcher = getattr(net, "group_matcher", None)
+    if callable(matcher):
+        spec = matcher(coarse=False).get("blocks") or []
+        # the patterns timm numbers by their captured indices, not the ones it gives a fixed place (the final norm)
+        patterns = [re.compile(p) for p, place in ([(spec, None)] if isinstance(spec, str) else spec)
+                    if place is None and re.compile(p).groups]
+        found = {type(m) for name, m in net.named_modules() if any(p.fullmatch(name) for p in patterns)}
+        return {c for c in found if not issubclass(c, _CONTAINERS)}
+    if not type(net).__module__.startswith("timm."):
+        return set()
+    found: set[type[nn.Module]] = set()
+    for name, m in net.named_modules():
+        if name.rsplit(".", 1)[-1] == "blocks" and isinstance(m, (nn.Sequential, nn.ModuleList)):
+            found |= {type(b) for b in m.modules() if not isinstance(b, _CONTAINERS) and _in_list(m, b)}
+    return found
+
+
+def _in_list(blocks: nn.Module, module: nn.Module) -> bool:
+    """Whether `module` is an item of `blocks`, or of a plain list inside it (EfficientNet's stages of blocks)."""
+    for child in blocks.children():
+        if child is module or (isinstance(child, _CONTAINERS) and _in_list(child, module)):
+            return True
+    return False
+
+
 @register_network("timm")
 def timm_classifier(backbone: str = "vit_compact", num_classes: PositiveInt = 10, in_chans: PositiveInt = 3,
                     img_size: PositiveInt | None = 224, pretrained: bool = False, backbone_kwargs: dict | None = None,
-                    drop_path_rate: Fraction = 0.0) -> torch.nn.Module:
+                    drop_path_rate: Fraction | None = None) -> torch.nn.Module:
     """Any timm model by name (`backbone`), with `num_classes` outputs; or the user's own nn.Module class or
-    factory by dotted path (`backbone=mypkg.nets.TinyCNN`)."""
+    factory by dotted path (`backbone=mypkg.nets.TinyCNN`). `drop_path_rate` is passed on when given (0.0
+    included); None leaves the model's own default."""
     kwargs = dict(backbone_kwargs or {})
-    if drop_path_rate:
+    if drop_path_rate is not None:
         kwargs["drop_path_rate"] = drop_path_rate
     return create_backbone(backbone, num_classes, in_chans, img_size, pretrained, **kwargs)
 

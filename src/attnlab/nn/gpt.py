@@ -70,6 +70,10 @@ class GPT(StackAccounting, nn.Module):
             x = block(x, causal=True, cache=caches[i] if caches else None)
         return self.lm_head(self.norm_f(x))                              # (B, T, padded_vocab)
 
+    def block_classes(self) -> set[type[nn.Module]]:
+        """The repeated blocks (attnlab.protocols.BlockNetwork): FSDP units, activation checkpoints."""
+        return {Block}
+
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self(idx)                                               # (B, T, V)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)

@@ -122,6 +122,10 @@ class MaskedAutoencoderViT(nn.Module):
             nn.init.zeros_(m.bias)
 
     @torch.jit.ignore
+    def block_classes(self) -> set[type[nn.Module]]:
+        """The repeated blocks (attnlab.protocols.BlockNetwork): FSDP units, activation checkpoints."""
+        return {Block}  # timm's, in the encoder and the decoder
+
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "mask_token", "decoder_pos_embed"}
 

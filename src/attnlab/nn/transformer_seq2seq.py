@@ -96,6 +96,10 @@ class TransformerSeq2Seq(nn.Module):
             elif isinstance(m, nn.Embedding):  # scaled by sqrt(C) on the way in: unit variance after scaling
                 nn.init.normal_(m.weight, std=self.config.n_embd**-0.5)
 
+    def block_classes(self) -> set[type[nn.Module]]:
+        """The repeated blocks (attnlab.protocols.BlockNetwork): FSDP units, activation checkpoints."""
+        return {Block}
+
     def no_weight_decay(self) -> set[str]:
         return {n for n, _ in self.named_parameters() if ".pos." in n}
 

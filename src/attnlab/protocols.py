@@ -1,0 +1,31 @@
+"""What the platform may call on a network (the `nn.Module` a task builds with `model.net`, attnlab's or a user's).
+
+Every hook is optional: the platform looks for it by name and does without it where a network has none.
+
+- `block_classes() -> set[type[nn.Module]]` (`BlockNetwork` below): the types of the network's repeated blocks.
+  `attnlab.strategies` wraps each block as its own FSDP unit under `trainer=fsdp`, and recomputes each block's
+  activations in the backward pass under `model.activation_checkpointing=true`. A timm network needs none: its
+  blocks are read from timm's own `group_matcher()` (`attnlab.nn.factory.timm_block_classes`).
+- `no_weight_decay() -> set[str]` (timm's convention): names of parameters trained without weight decay
+  (`attnlab.optim.param_groups`).
+- `group_matcher(coarse: bool) -> dict` (timm's convention): the layers numbered from the input up, for
+  `optimizer.layer_decay`.
+- `get_classifier() -> nn.Module` (timm's convention): the head `model.freeze_backbone=true` keeps training.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import nn
+
+
+@runtime_checkable
+class BlockNetwork(Protocol):
+    """A network made of repeated blocks (a Transformer's layers), which it names."""
+
+    def block_classes(self) -> set[type[nn.Module]]:
+        """The block types: each module of one of them is a unit of FSDP sharding and of activation
+        checkpointing. Its forward must take and return tensors only through its arguments and result (no state
+        kept between calls in training), as a Transformer block's does."""
+        ...
