@@ -1,7 +1,8 @@
 """SIGTERM during training: the first one saves `last.ckpt` at the end of the current step and stops (Lightning's
 handler, with ModelCheckpoint.on_exception); a second one, or the first when the current step has already run for
 `patience_s` seconds (a run too large for the machine, a hung collective), stops the process at once, naming the
-checkpoint that the last save left."""
+checkpoint that the last save left. A run stopped by SIGTERM ends with status 143 (128 + SIGTERM), as a process
+killed by it would, so that a scheduler or pipeline does not record a preempted run as finished."""
 
 from __future__ import annotations
 
@@ -45,6 +46,24 @@ class SignalGuard(Callback):
             return  # Lightning stops after this step and saves last.ckpt
         why = "a second SIGTERM" if self.received > 1 else f"SIGTERM while a step has run for {running:.0f} s"
         self.stop_now(why)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Lightning's stop on SIGTERM is a SystemExit without a code (status 0, as if the run had finished): say
+        what was saved and give it SIGTERM's status. attnlab's ModelCheckpoint writes last.ckpt in this same round
+        of on_exception hooks (Lightning calls checkpoint callbacks last)."""
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if not isinstance(exception, SIGTERMException):
+            return
+        ckpt = getattr(trainer, "checkpoint_callback", None)
+        if ckpt is not None and getattr(ckpt, "save_last", False) and getattr(ckpt, "dirpath", None):
+            last = Path(ckpt.dirpath) / "last.ckpt"
+            kept = f"step {trainer.global_step} is saved in {last}; resume from it with ckpt_path={last}"
+        else:
+            kept = "no checkpoint is configured (callbacks.model_checkpoint), so nothing was saved"
+        os.write(2, f"\nattnlab: stopped on SIGTERM: {kept}. Exit status {128 + signal.SIGTERM} "
+                    "(preempted, not finished).\n".encode())
+        exception.code = 128 + signal.SIGTERM
 
     def last_checkpoint(self) -> str | None:
         ckpt = getattr(self._trainer, "checkpoint_callback", None)
