@@ -246,6 +246,29 @@ def test_random_starts_are_split_across_ddp_ranks_and_lightning_leaves_them_unwr
     assert torch.cat(list(loader)).tolist() == b[12:]
 
 
+@pytest.mark.parametrize("damage", ["cut short", "empty index"])
+def test_a_damaged_token_cache_is_rebuilt_not_trained_on(tmp_path, caplog, damage):
+    """A token file cut short (a full disk, a killed copy) or an empty document index: the next run tokenizes the
+    split again instead of training on part of the corpus."""
+    path = tmp_path / "c.txt"
+    path.write_text("".join(f"line {i} of the corpus, to be or not to be\n" for i in range(300)))
+    kw = dict(files=[str(path)], cache_dir=str(tmp_path / "cache"), block_size=8)
+    dm = TextDataModule(**kw)
+    dm.prepare_data()
+    whole = dm.token_arrays["train"].array.tolist()
+    (train_bin,) = (tmp_path / "cache").rglob("train.bin")
+    if damage == "cut short":
+        with open(train_bin, "r+b") as f:
+            f.truncate(train_bin.stat().st_size // 3)
+    else:
+        train_bin.with_suffix(".docs.npy").write_bytes(b"")
+    dm = TextDataModule(**kw)
+    with caplog.at_level("WARNING", logger="attnlab"):
+        dm.prepare_data()
+    assert dm.token_arrays["train"].array.tolist() == whole
+    assert "token cache" in caplog.text and "damaged" in caplog.text
+
+
 def _prepare_and_report(kw, barrier, results) -> None:
     try:
         barrier.wait()

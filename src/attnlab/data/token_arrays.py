@@ -66,16 +66,35 @@ def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | N
     from filelock import FileLock
 
     bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
-    if not (bin_path.is_file() and docs_path.is_file()):
+    itemsize = np.dtype(_token_dtype(tok)).itemsize
+    if not _intact(bin_path, docs_path, itemsize):
         out.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{out}.lock"):
-            if not (bin_path.is_file() and docs_path.is_file()):  # another process may have written them meanwhile
+            if not _intact(bin_path, docs_path, itemsize):  # another process may have written them meanwhile
+                if bin_path.exists() or docs_path.exists():
+                    log.warning("the token cache %s is damaged (cut short or unreadable, as a full disk or a killed "
+                                "copy leaves it): tokenizing the %s split again", bin_path, source.name)
+                    bin_path.unlink(missing_ok=True)
+                    docs_path.unlink(missing_ok=True)
                 _write_tokens(source, tok, out, eot)
     return bin_path, docs_path
 
 
+def _token_dtype(tok: TextTokenizer):
+    return np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+
+
+def _intact(bin_path: Path, docs_path: Path, itemsize: int) -> bool:
+    """Both files there, and the token file holds exactly the tokens the document index ends at."""
+    try:
+        ends = np.load(docs_path, mmap_mode="r")
+        return len(ends) > 0 and bin_path.stat().st_size == int(ends[-1]) * itemsize
+    except (OSError, ValueError, EOFError):
+        return False
+
+
 def _write_tokens(source: Source, tok: TextTokenizer, out: Path, eot: int | None) -> None:
-    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+    dtype = _token_dtype(tok)
     bin_path, docs_path = out.with_suffix(".bin"), out.with_suffix(".docs.npy")
     tmp, docs_tmp = (out.with_suffix(f".{os.getpid()}{suffix}.tmp") for suffix in (".bin", ".docs.npy"))
     ends_tmp = out.with_suffix(f".{os.getpid()}.ends.tmp")  # document ends, streamed: memory bounded by a chunk
