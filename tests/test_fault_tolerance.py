@@ -111,3 +111,13 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     assert len(runs) == 2 and runs[1].name.endswith(offline.name.rsplit("-", 1)[1])  # the same W&B run id
     logged = pd.read_csv(run_dir / "csv" / "metrics.csv")
     assert (logged["epoch"] == 0).any() and (logged["epoch"] == 1).any()  # rows from before the kill are kept
+
+
+def test_ctrl_c_outside_training_ends_with_one_line_and_status_130():
+    """Ctrl-C while a corpus is tokenized (before Lightning's own handler is there): one line, no traceback, and
+    the shell's status for SIGINT."""
+    script = ("import torch\nfrom attnlab.cli.app import run_process\n\n"
+              "def main():\n    raise KeyboardInterrupt\n\nrun_process(main)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert "attnlab: interrupted (Ctrl-C)" in out.stderr and "Traceback" not in out.stderr

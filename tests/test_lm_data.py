@@ -269,6 +269,30 @@ def test_a_damaged_token_cache_is_rebuilt_not_trained_on(tmp_path, caplog, damag
     assert "token cache" in caplog.text and "damaged" in caplog.text
 
 
+def test_ctrl_c_while_tokenizing_leaves_no_temporary_files(tmp_path, monkeypatch):
+    from attnlab.data import token_arrays
+
+    chunks = token_arrays._chunks
+
+    def interrupted(*args):  # Ctrl-C after the first chunk is written
+        for i, chunk in enumerate(chunks(*args)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield chunk
+
+    path = tmp_path / "c.txt"
+    path.write_text("".join(f"line {i} of the corpus\n" for i in range(20000)))
+    kw = dict(files=[str(path)], cache_dir=str(tmp_path / "cache"), block_size=8)
+    monkeypatch.setattr(token_arrays, "_chunks", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        TextDataModule(**kw).prepare_data()
+    assert not list((tmp_path / "cache").rglob("*.tmp")) and not list((tmp_path / "cache").rglob("*.bin"))
+    monkeypatch.setattr(token_arrays, "_chunks", chunks)
+    dm = TextDataModule(**kw)
+    dm.prepare_data()  # the next run builds the cache whole
+    assert len(dm.token_arrays["train"]) > 0
+
+
 def _prepare_and_report(kw, barrier, results) -> None:
     try:
         barrier.wait()

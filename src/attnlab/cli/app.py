@@ -67,6 +67,10 @@ def run_process(main: Callable[[], Any]) -> None:
         code: Any = 0
     except SystemExit as e:
         code = e.code
+    except KeyboardInterrupt:  # Ctrl-C outside training (Lightning handles it in fit): one line, no traceback
+        print("\nattnlab: interrupted (Ctrl-C); run the same command again to start over (caches and checkpoints "
+              "are written whole or not at all).", file=sys.stderr)
+        code = 130
     if "torch" not in sys.modules:  # nothing heavy to tear down (--help, --cfg job)
         sys.exit(code)
     if code is not None and not isinstance(code, int):

@@ -76,7 +76,12 @@ def tokenize_to_disk(source: Source, tok: TextTokenizer, out: Path, eot: int | N
                                 "copy leaves it): tokenizing the %s split again", bin_path, source.name)
                     bin_path.unlink(missing_ok=True)
                     docs_path.unlink(missing_ok=True)
-                _write_tokens(source, tok, out, eot)
+                try:
+                    _write_tokens(source, tok, out, eot)
+                except BaseException:  # Ctrl-C, a full disk: no temporaries left behind
+                    for tmp in out.parent.glob(f"{out.name}.{os.getpid()}.*.tmp"):
+                        tmp.unlink(missing_ok=True)
+                    raise
     return bin_path, docs_path
 
 
