@@ -161,3 +161,44 @@ def test_the_reported_cpu_peak_is_the_runs_own_not_its_parents():
     assert own < 1 << 30, f"reported {own / 2**20:.0f} MiB: the parent's 1.5 GiB counted"
     if sys.platform == "linux":
         assert ru_maxrss > 1536 << 20  # what the report would be without VmHWM
+
+
+def test_lazy_modules_of_a_users_lightning_module_are_estimated_not_a_crash():
+    """A LightningModule written with nn.LazyLinear (as lightning-hydra-template users write theirs): the estimate
+    gives the lazy layers their parameters with one real step and counts them; the weights are real tensors after
+    it, so the optimizer the run builds next sees them."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Lazy(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.LazyLinear(64), torch.nn.ReLU(), torch.nn.LazyLinear(3))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    class Data(L.LightningDataModule):
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(32, 20), torch.randint(0, 3, (32,))), batch_size=8)
+
+    task = Lazy()
+    est = memory.estimate(task, Data(), {"precision": "32-true"})
+    weights = (20 * 64 + 64 + 64 * 3 + 3) * 4
+    assert est is not None and est.terms["gradients"] == weights and est.terms["activations"] > 0
+    assert not any(torch.nn.parameter.is_lazy(p) for p in task.parameters())
+    assert all(type(p) is torch.nn.Parameter for p in task.parameters())  # real, not fake tensors
+
+
+def test_an_estimate_that_fails_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("an op the trace cannot run\nwith a second line")
+
+    monkeypatch.setattr(memory, "estimate", broken)
+    cfg = compose_cfg(["trainer.max_steps=2", "trainer.limit_val_batches=1", "test=false", "logger=csv",
+                       "callbacks.model_checkpoint=null", *FAST], tmp_path)
+    with caplog.at_level("WARNING", logger="attnlab"):
+        train(cfg)
+    assert "memory: no estimate for this run (RuntimeError: an op the trace cannot run); it goes on" in caplog.text
+    assert "second line" not in caplog.text

@@ -18,17 +18,16 @@ local processes of a DDP run) on CPU, and with 90% of the free device memory on 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import random
-import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.parameter import is_lazy
 from torch.utils._pytree import tree_leaves
 
 from attnlab.errors import UserError
+from attnlab.utils.traced_step import activation_bytes, materialize
 
 log = logging.getLogger("attnlab")
 
@@ -124,136 +123,6 @@ def optimizer_state_ratio(optimizer_factory) -> float:
     return state / (p.numel() * p.element_size())
 
 
-class _LiveBytes:
-    """A dispatch mode that counts the bytes of every tensor storage an op creates while it is referenced."""
-
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        tracker = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                tracker.add(out)
-                return out
-
-        self.mode, self.live, self.peak, self._seen = Mode(), 0, 0, set()
-
-    def add(self, out) -> None:
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key = storage._cdata
-            if key in self._seen:
-                continue
-            self._seen.add(key)
-            n = storage.nbytes()
-            self.live += n
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(storage, self._free, key, n)
-
-    def _free(self, key, n) -> None:
-        self.live -= n
-        self._seen.discard(key)
-
-
-@contextlib.contextmanager
-def _quiet_step(task):
-    """Run a training step without logging, and without metric updates, buffer updates (batch-norm statistics)
-    or random draws that would stay."""
-    from torchmetrics import Metric
-
-    buffers = {name: b.clone() for name, b in task.named_buffers()}
-    saved = {}
-    for m in task.modules():
-        if isinstance(m, Metric):
-            saved[m] = {name: getattr(m, name) for name in m._defaults} | {"_update_count": m._update_count}
-    patched = {name: getattr(task, name) for name in ("log", "log_dict", "log_train_loss") if hasattr(task, name)}
-    for name in patched:
-        setattr(task, name, lambda *a, **k: None)
-    py_state = random.getstate()
-    np_state = _numpy_state()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        for name in patched:
-            delattr(task, name)  # the class's method again
-        for m, state in saved.items():
-            for name, value in state.items():
-                setattr(m, name, value)
-        with torch.no_grad():
-            for name, b in task.named_buffers():
-                b.copy_(buffers[name])
-        random.setstate(py_state)
-        if np_state is not None:
-            import numpy as np
-
-            np.random.set_state(np_state)
-
-
-def _numpy_state():
-    try:
-        import numpy as np
-
-        return np.random.get_state()
-    except ImportError:
-        return None
-
-
-def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> int | None:
-    """Peak bytes of the tensors one training step (forward, loss and backward) allocates: on fake tensors, or,
-    where the step has ops whose output shape depends on the data (packed sequences, boolean indexing), on a real
-    slice of two samples scaled to the batch. None when the step cannot run outside the trainer."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._pytree import tree_map
-
-    try:
-        with _quiet_step(task), FakeTensorMode(allow_non_fake_inputs=True) as fake:
-            fake_batch = tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, batch)
-            return _traced_step(task, fake_batch, autocast_dtype)
-    except UserError:
-        raise
-    except Exception as e:  # a data-dependent shape, or an op fake tensors do not implement
-        log.debug("memory estimate: fake step failed (%s); measuring a real step on two samples", e)
-    size = _batch_len(batch)
-    part = 2 if size and size > 2 else size
-    sliced = tree_map(lambda t: t[:part] if isinstance(t, torch.Tensor) and t.dim() and len(t) == size else t, batch)
-    try:
-        with _quiet_step(task):
-            peak = _traced_step(task, sliced, autocast_dtype)
-    except UserError:
-        raise
-    except Exception as e:
-        log.debug("memory estimate: the training step does not run outside the trainer (%s)", e)
-        return None
-    return peak * size // max(1, part) if size else peak
-
-
-def _batch_len(batch) -> int | None:
-    sizes = [len(t) for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()]
-    return max(set(sizes), key=sizes.count) if sizes else None
-
-
-def _traced_step(task, batch, autocast_dtype) -> int:
-    params = [p for p in task.parameters() if p.requires_grad]
-    counter = _LiveBytes()
-    was_training = task.training
-    task.train()
-    autocast = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-    try:
-        with counter.mode, autocast:
-            out = task.training_step(batch, 0)
-            loss = out.get("loss") if isinstance(out, dict) else out
-            if isinstance(loss, torch.Tensor) and loss.requires_grad and params:
-                torch.autograd.grad(loss, params, allow_unused=True)
-    finally:
-        task.train(was_training)
-    return counter.peak
-
-
 def sample_batch(dm):
     """The first batch of the training loader, collated in this process (no workers), without moving the loader's
     random state: the run draws the same batches as without the estimate. A sampler of batches of varying length
@@ -289,6 +158,8 @@ def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int
         return None
     precision = str(trainer_cfg.get("precision") or "32-true")
     half = precision in ("bf16-true", "16-true")
+    if any(is_lazy(p) for p in task.parameters()):
+        materialize(task, batch)
     trainable = sum(p.numel() * p.element_size() for p in task.parameters() if p.requires_grad)
     weights = sum(p.numel() * p.element_size() for p in task.parameters())
     if half:
@@ -383,7 +254,14 @@ def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | Non
             node.pop(key, None)
         node["lr"] = node.get("lr") or 1e-3
         factory = instantiate(node | {"_partial_": True})
-    est = estimate(task, dm, trainer_cfg, factory, processes=device_count(cfg.trainer), on_gpu=on_gpu)
+    try:
+        est = estimate(task, dm, trainer_cfg, factory, processes=device_count(cfg.trainer), on_gpu=on_gpu)
+    except UserError:
+        raise
+    except Exception as e:  # the estimate is a look before the run, never what stops it
+        log.warning("memory: no estimate for this run (%s: %s); it goes on without one", type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "")
+        return None
     if est is None:
         return None
     log.info("memory: about %s; available %s", est.describe(),
