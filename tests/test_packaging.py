@@ -23,13 +23,14 @@ def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
 def test_the_wheel_installs_and_its_console_scripts_run_from_anywhere(tmp_path):
     source = tmp_path / "source"  # a copy, so the build leaves nothing in the checkout
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT / "conf", source / "conf")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     _run([sys.executable, "-m", "pip", "wheel", source, "--no-build-isolation", "--no-deps", "-q",
           "-w", tmp_path / "dist"])
     (wheel,) = (tmp_path / "dist").glob("attnlab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    packaged = sorted(p.relative_to(ROOT / "src").as_posix() for p in (ROOT / "src/attnlab/conf").rglob("*.yaml"))
+    packaged = sorted("attnlab/" + p.relative_to(ROOT).as_posix() for p in (ROOT / "conf").rglob("*.yaml"))
     assert packaged and set(packaged) <= names, "configs missing from the wheel"
     assert {f"hydra_plugins/attnlab_optuna_sweeper/{m}.py" for m in ("optuna_sweeper", "_impl", "_search_space")} <= names
     assert "hydra_plugins/__init__.py" not in names  # Hydra's namespace package, shared with other plugins

@@ -69,7 +69,7 @@ def test_a_parameter_missing_from_the_config_is_refused(log_env):
     assert out.returncode != 0 and "Could not override 'optimizer.no_such_option'" in out.stdout
 
 
-SEARCHES = sorted((ROOT / "src" / "attnlab" / "conf" / "hparams_search").glob("*.yaml"))
+SEARCHES = sorted((ROOT / "conf" / "hparams_search").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.stem)

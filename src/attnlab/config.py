@@ -17,8 +17,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
 
-# the packaged configs (package data: a wheel installs them beside the code)
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+# the configs: conf/ at the repository's top level in a checkout (and an editable install), attnlab/conf inside an
+# installed wheel (pyproject.toml ships conf/ there)
+_PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
+CONF_DIR = _PACKAGED_CONF if _PACKAGED_CONF.is_dir() else Path(__file__).resolve().parents[2] / "conf"
 
 
 # The keys of a config group's node that are the platform's, not its constructor's: attnlab reads them (the data

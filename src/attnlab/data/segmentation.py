@@ -182,7 +182,7 @@ def pair_files(image_dir: Path, mask_dir: Path, mask_suffix: str = "") -> list[t
     for d, what in ((image_dir, "images"), (mask_dir, "masks")):
         if not d.is_dir():
             raise UserError(f"{what} folder {d} does not exist. A segmentation folder holds images/ and masks/ "
-                            "side by side (see attnlab/conf/data/seg_folder.yaml); point data.root at it.")
+                            "side by side (see conf/data/seg_folder.yaml); point data.root at it.")
     images, masks = _files_by_stem(image_dir), _files_by_stem(mask_dir, mask_suffix)
     if not images:
         raise UserError(f"no image files (*.png, *.jpg, ...) in {image_dir}.")
