@@ -3,8 +3,10 @@ killed run started again in its directory continues exactly where it stopped."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,3 +123,84 @@ def test_ctrl_c_outside_training_ends_with_one_line_and_status_130():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 130, out.stderr[-2000:]
     assert "attnlab: interrupted (Ctrl-C)" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- faults of the machine: files written whole or not at all, and one paragraph naming the fix
+
+
+def test_an_atomic_write_that_fails_leaves_neither_a_partial_file_nor_a_temporary(tmp_path):
+    from attnlab.utils.atomic import atomic_path, write_text
+
+    target = write_text(tmp_path / "cache.json", "good")
+    for fault in (OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()):
+        with pytest.raises(type(fault)):
+            with atomic_path(target) as tmp:
+                tmp.write_text("half")
+                raise fault
+        assert target.read_text() == "good" and sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]
+
+
+@pytest.mark.parametrize("error, expected", [
+    (OSError(errno.ENOSPC, "No space left on device", "{out}/checkpoints/.last.ckpt.77.tmp"),
+     r"the disk is full \(No space left on device\) while writing {out}/checkpoints/last.ckpt.* point "
+     r"paths.log_dir \(or ATTNLAB_LOG_DIR\) at a disk with room"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "{cache}/tokens/train.1.bin.tmp"),
+     r"the disk is full .* point paths.cache_dir \(or ATTNLAB_CACHE_DIR\)"),
+    (OSError(errno.EROFS, "Read-only file system", "{cache}/tokenizers/bpe-1.json"),
+     r"writing {cache}/tokenizers/bpe-1.json failed: {cache}/tokenizers is read-only or not writable .* Point "
+     r"paths.cache_dir \(or ATTNLAB_CACHE_DIR\) at a folder you can write to"),
+    (RuntimeError("DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's "
+                  "workers are out of shared memory."), r"out of shared memory \(/dev/shm.*data.num_workers=0"),
+    (RuntimeError("unable to write to file </torch_4242_1_0>: No space left on device (28)"),
+     r"ran out of shared memory.*--shm-size"),
+])
+def test_a_fault_of_the_machine_is_one_paragraph_with_its_fix(tmp_path, error, expected):
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.faults import explain
+
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    (out / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 3}, out / "checkpoints" / "last.ckpt")
+    cfg = OmegaConf.create({"paths": {"output_dir": str(out), "log_dir": str(tmp_path), "cache_dir": str(cache)}})
+    if isinstance(error, OSError):
+        error.filename = error.filename.format(out=out, cache=cache)
+    wrapped = RuntimeError("while saving")  # however deep it was raised: the cause is found
+    wrapped.__cause__ = error
+    msg = str(explain(wrapped, cfg))
+    assert re.search(expected.format(out=out, cache=cache), msg), msg
+    assert f"ckpt_path={out / 'checkpoints' / 'last.ckpt'} resumes" in msg
+    assert explain(ValueError("a bug"), cfg) is None and explain(OSError(errno.ENOENT, "gone"), cfg) is None
+
+
+def test_a_disk_that_fills_during_training_stops_with_one_paragraph_and_the_last_checkpoint_intact(
+        tmp_path, monkeypatch, capsys):
+    from attnlab.cli.app import run_app
+    from attnlab.cli.training import train
+    from conftest import FAST, compose_cfg
+
+    saves = []
+    real_save = TorchCheckpointIO.save_checkpoint
+
+    def filling_disk(self, checkpoint, path, storage_options=None):
+        saves.append(path)
+        if len(saves) < 3:
+            return real_save(self, checkpoint, path, storage_options)
+        with open(path, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", filling_disk)
+    out = tmp_path / "run"
+    cfg = compose_cfg(["trainer.max_epochs=4", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                       "test=false", *FAST], out)
+    with pytest.raises(SystemExit) as stop:
+        run_app(train, cfg)
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    last = out / "checkpoints" / "last.ckpt"
+    assert "attnlab: error: the disk is full (No space left on device) while writing" in err, err
+    assert f"The last good checkpoint is {last}: ckpt_path={last} resumes from it." in err, err
+    assert not [p for p in (out / "checkpoints").iterdir() if ".tmp" in p.name]
+    assert torch.load(last, weights_only=False)["global_step"] > 0  # whole, and resumable

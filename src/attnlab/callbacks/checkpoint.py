@@ -15,8 +15,6 @@ Files are written to a temporary name and renamed, so no checkpoint is ever half
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import torch
 
@@ -24,14 +22,13 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from attnlab.compat import CheckpointBase
+from attnlab.utils.atomic import atomic_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:  # a full disk or a kill leaves the previous checkpoint, and no temporary
+            super().save_checkpoint(checkpoint, tmp, storage_options)
 
 
 class ModelCheckpoint(CheckpointBase):

@@ -51,6 +51,11 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     except Exception as e:  # a UserError raised in a DataLoader worker comes back as another type
         if _ERROR_MARK in str(e):
             fail(e)
+        from attnlab.cli.faults import explain
+
+        fault = explain(e, cfg)  # a full disk, a read-only folder, shared memory too small: one paragraph
+        if fault is not None:
+            fail(fault)
         raise
     finally:
         _finish_wandb()

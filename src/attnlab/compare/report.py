@@ -12,6 +12,7 @@ from pathlib import Path
 
 from attnlab.compare.runs import Run
 from attnlab.compare.table import cell
+from attnlab.utils.atomic import write_text
 
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}
 td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#f3f3f3}td.num{text-align:right}
@@ -104,9 +105,7 @@ def write_report(out: Path, sections: list[tuple[str, object, dict[str, list[Run
             parts.append("</ul>")
     parts.append("</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text("\n".join(parts))
-    tmp.replace(out)
+    write_text(out, "\n".join(parts))
     return out
 
 

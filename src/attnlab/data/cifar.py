@@ -17,6 +17,7 @@ from PIL import Image
 from attnlab.data.base import split_by_fraction
 from attnlab.data.images import ArrayImages, ImageDataModule, Transformed, scan_class_folders
 from attnlab.errors import UserError
+from attnlab.utils.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +116,9 @@ class CIFARDataModule(ImageDataModule):
             log.info("decoding %s PNGs from %s (cached in %s)", self.variant, self.data_dir, cache)
             names, splits = _decode_pngs(sources)
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp.npz")
-            np.savez(tmp, classes=np.array(names), **{f"{s}_{k}": v for s, (x, y) in splits.items()
-                                                      for k, v in (("x", x), ("y", y))})
-            tmp.replace(cache)
+            with atomic_path(cache, suffix=".npz") as tmp:
+                np.savez(tmp, classes=np.array(names), **{f"{s}_{k}": v for s, (x, y) in splits.items()
+                                                          for k, v in (("x", x), ("y", y))})
         if "train" not in splits or "test" not in splits:
             raise UserError(f"{self.data_dir} holds splits {sorted(splits)}; both 'train' and 'test' are needed.")
         return names, splits["train"], splits["test"]

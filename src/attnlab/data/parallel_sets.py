@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from attnlab.utils.atomic import atomic_path
+
 
 log = logging.getLogger("attnlab")
 
@@ -53,9 +55,8 @@ def write_ragged(seqs: Iterator[list[int]], out: Path, dtype) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, arr in (("flat", np.concatenate(flat) if flat else np.zeros(0, dtype)),
                       ("offsets", np.asarray(offsets, dtype=np.int64))):
-        tmp = out / f"{name}.tmp.npy"
-        np.save(tmp, arr)
-        tmp.replace(out / f"{name}.npy")
+        with atomic_path(out / f"{name}.npy", suffix=".npy") as tmp:
+            np.save(tmp, arr)
 
 
 class ParallelSet(Dataset):

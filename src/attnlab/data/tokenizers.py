@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from attnlab.errors import UserError
+from attnlab.utils.atomic import atomic_path, write_text
 
 log = logging.getLogger("attnlab")
 
@@ -179,7 +179,10 @@ def load_pretrained(name: str, cache: Path):
     from tokenizers import Tokenizer
 
     if cache.is_file():
-        return Tokenizer.from_file(str(cache))
+        try:
+            return Tokenizer.from_file(str(cache))
+        except Exception as e:  # empty or cut short: fetched again
+            log.warning("the cached tokenizer %s is damaged (%s): fetching '%s' again", cache, str(e)[:80], name)
     try:
         tok = Tokenizer.from_pretrained(name)
     except Exception as e:
@@ -189,9 +192,8 @@ def load_pretrained(name: str, cache: Path):
             f"{cache.parent}. Offline, use a tokenizer trained on your corpus: data.tokenizer=bpe or wordpiece."
         ) from None
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")  # processes of other corpora may fetch the same one
-    tok.save(str(tmp))
-    tmp.replace(cache)
+    with atomic_path(cache) as tmp:  # processes of other corpora may fetch the same one
+        tok.save(str(tmp))
     return tok
 
 
@@ -229,9 +231,7 @@ def build_tokenizer(kind: str, corpus_key: str, train_texts, all_texts, cache_di
             return tok, key
         tok = _new_tokenizer(kind, train_texts, all_texts, cache_dir, vocab_size, specials, lowercase, min_frequency,
                              pretrained, extra_chars, unicode_form)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(tok.to_json())
-        tmp.replace(path)
+        write_text(path, tok.to_json())
     log.info("tokenizer: %s, vocabulary %d, saved to %s", kind, tok.vocab_size, path)
     return tok, key
 
@@ -239,7 +239,12 @@ def build_tokenizer(kind: str, corpus_key: str, train_texts, all_texts, cache_di
 def _cached_tokenizer(path: Path, lowercase: bool) -> TextTokenizer | None:
     if not path.is_file():
         return None
-    tok = tokenizer_from_json(path.read_text())
+    try:
+        tok = tokenizer_from_json(path.read_text())
+    except Exception as e:  # empty or cut short (a full disk, a copy killed half-way): built again, not trusted
+        log.warning("the cached tokenizer %s is damaged (%s: %s): building it again", path, type(e).__name__,
+                    str(e)[:80])
+        return None
     if isinstance(tok, CharTokenizer) and tok.lowercase != lowercase:  # cached before char tokenizers lowercased
         return None
     log.info("tokenizer: loaded %s", path)

@@ -1,0 +1,135 @@
+"""Faults of the machine met by a run (a full disk, a read-only folder, shared memory too small for the loader's
+workers), told as one paragraph: what was being written where, the fix, and the last good checkpoint, which the
+atomic writes (`attnlab.utils.atomic`) leave whole. One mapping from the error (its errno, or the message torch
+gives for shared memory) to the paragraph, whatever wrote the file."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from attnlab.errors import UserError
+
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+_NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _shared_memory_full(message: str) -> bool:
+    """What torch says when the DataLoader's workers cannot share a batch: /dev/shm too small (Docker's default is
+    64 MB): "unable to allocate shared memory", "unable to write to file </torch_...>", a worker "killed by signal:
+    Bus error"."""
+    m = message.lower()
+    return "shared memory" in m or "/dev/shm" in m or "</torch_" in m or ("dataloader worker" in m and "bus error" in m)
+
+
+def explain(err: BaseException, cfg: DictConfig | None) -> UserError | None:
+    """The paragraph for a fault of the machine, or None for any other error (it keeps its traceback)."""
+    for e in _chain(err):
+        if isinstance(e, OSError) and e.errno is not None and (e.errno in _FULL or e.errno in _NOT_WRITABLE):
+            if e.filename and str(e.filename).startswith("/dev/shm"):
+                return _shared_memory(cfg)
+            return _os_error(e, cfg)
+        if isinstance(e, RuntimeError) and _shared_memory_full(str(e)):
+            return _shared_memory(cfg)
+    return None
+
+
+def _chain(err: BaseException):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def _os_error(e: OSError, cfg: DictConfig | None) -> UserError:
+    file = Path(str(e.filename)) if e.filename else None
+    where = _setting_for(file, cfg)
+    folder = file.parent if file is not None else None
+    what = f"writing {_final_name(file)}" if file is not None else "writing a file"
+    if e.errno in _FULL:
+        free = _free(folder)
+        msg = (f"the disk is full ({os.strerror(e.errno)}) while {what}"
+               + (f": {free} left in {folder}" if free else "") + ". Free space there, or point "
+               f"{where} at a disk with room, then run the same command again.")
+    else:
+        msg = (f"{what} failed: {folder or 'the folder'} is read-only or not writable for this user "
+               f"({os.strerror(e.errno)}). Point {where} at a folder you can write to, then run the same command "
+               "again.")
+    msg += " No half-written file was left behind."
+    ckpt = _last_good_checkpoint(cfg)
+    if ckpt is not None:
+        msg += f" The last good checkpoint is {ckpt}: ckpt_path={ckpt} resumes from it."
+    return UserError(msg)
+
+
+def _shared_memory(cfg: DictConfig | None) -> UserError:
+    free = _free(Path("/dev/shm"))
+    msg = ("the data loader's worker processes ran out of shared memory (/dev/shm"
+           + (f", {free} free" if free else "") + ") to hand batches to the training process. Set "
+           "data.num_workers=0 (batches made in the training process), use fewer workers or a smaller "
+           "data.batch_size, or give the machine a larger /dev/shm (docker run --shm-size=8g; on Kubernetes an "
+           "emptyDir with medium: Memory mounted at /dev/shm).")
+    ckpt = _last_good_checkpoint(cfg)
+    if ckpt is not None:
+        msg += f" The last good checkpoint is {ckpt}: ckpt_path={ckpt} resumes from it."
+    return UserError(msg)
+
+
+def _final_name(file: Path) -> Path:
+    """The file a temporary name stands for (`.last.ckpt.123.tmp` -> `last.ckpt`)."""
+    name = file.name
+    if ".tmp" in name:
+        name = name.split(".tmp")[0].lstrip(".")
+        parts = name.rsplit(".", 1)
+        if len(parts) == 2 and parts[1].isdigit():  # the process id
+            name = parts[0]
+    return file.with_name(name)
+
+
+def _setting_for(file: Path | None, cfg: DictConfig | None) -> str:
+    """The setting that decides where that file goes."""
+    paths = (cfg or {}).get("paths") or {}
+    for key, env in (("cache_dir", "ATTNLAB_CACHE_DIR"), ("log_dir", "ATTNLAB_LOG_DIR"),
+                     ("data_dir", "ATTNLAB_DATA_DIR")):
+        try:
+            root = paths.get(key)
+        except Exception:  # an interpolation that cannot resolve here
+            root = None
+        if file is not None and root and _is_under(file, Path(str(root))):
+            return f"paths.{key} (or {env})"
+    return "paths.log_dir and paths.cache_dir (or ATTNLAB_LOG_DIR and ATTNLAB_CACHE_DIR)"
+
+
+def _is_under(file: Path, root: Path) -> bool:
+    try:
+        file.resolve().relative_to(root.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _free(folder: Path | None) -> str:
+    while folder is not None and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except (OSError, TypeError):
+        return ""
+    return f"{free / 2**20:.0f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
+
+
+def _last_good_checkpoint(cfg: DictConfig | None) -> Path | None:
+    try:
+        out = Path(str(cfg.paths.output_dir))
+    except Exception:
+        return None
+    found = [p for p in (out / "checkpoints").glob("*.ckpt") if p.is_file() and p.stat().st_size > 0]
+    if not found:
+        return None
+    last = out / "checkpoints" / "last.ckpt"
+    return last if last in found else max(found, key=lambda p: p.stat().st_mtime)

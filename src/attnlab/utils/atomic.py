@@ -1,0 +1,43 @@
+"""Files written whole or not at all: every cache, checkpoint and report of attnlab is written through
+`atomic_path`, so that a full disk, a read-only folder, Ctrl-C or a kill never leaves a half-written file under the
+final name nor a temporary file behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """A temporary path beside `path` (same folder, so the rename is atomic), unique to this process. When the block
+    ends without an error the file is flushed to disk and renamed onto `path`; when it raises (OSError ENOSPC,
+    KeyboardInterrupt, ...), the temporary file is removed and the error goes on. `suffix` ends the temporary name
+    for writers that insist on one (`np.save` adds `.npy`, `np.savez` `.npz`)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def _fsync(path: Path) -> None:
+    if path.is_dir():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
