@@ -204,3 +204,28 @@ def test_a_disk_that_fills_during_training_stops_with_one_paragraph_and_the_last
     assert f"The last good checkpoint is {last}: ckpt_path={last} resumes from it." in err, err
     assert not [p for p in (out / "checkpoints").iterdir() if ".tmp" in p.name]
     assert torch.load(last, weights_only=False)["global_step"] > 0  # whole, and resumable
+
+
+def test_runs_started_in_the_same_second_each_claim_a_run_directory_of_their_own(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import attnlab.utils.atomic as atomic
+    from attnlab.config import CONF_DIR
+
+    monkeypatch.setenv("ATTNLAB_LOG_DIR", str(tmp_path / "logs"))
+    frozen = "2026-01-01_00-00-00"
+    dirs = []
+    for process in range(3):  # three processes starting in one second: each its own, none shared
+        monkeypatch.setattr(atomic, "_claimed", {})
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose(config_name="train", overrides=[f"hydra.run.dir=${{claim_dir:{tmp_path}/runs/{frozen}}}"],
+                          return_hydra_config=True)
+        first, again = cfg.hydra.run.dir, cfg.hydra.run.dir  # resolved twice in one process: the same folder
+        assert first == again
+        dirs.append(first)
+    assert dirs == [f"{tmp_path}/runs/{frozen}", f"{tmp_path}/runs/{frozen}_2", f"{tmp_path}/runs/{frozen}_3"]
+    assert all(os.path.isdir(d) for d in dirs)
+    # the shipped run directory is claimed the same way
+    assert (CONF_DIR / "hydra" / "default.yaml").read_text().count("dir: ${claim_dir:") == 1

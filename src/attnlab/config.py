@@ -132,6 +132,10 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("fast_precision", fast_precision)
     if not OmegaConf.has_resolver("patch_size_for"):
         OmegaConf.register_new_resolver("patch_size_for", patch_size_for)
+    if not OmegaConf.has_resolver("claim_dir"):  # a run directory of its own, even for runs started in one second
+        from attnlab.utils.atomic import claim_folder
+
+        OmegaConf.register_new_resolver("claim_dir", claim_folder)
     if not OmegaConf.has_resolver("cwd"):  # unlike ${hydra:runtime.cwd}, also resolvable for a sweep's directory
         OmegaConf.register_new_resolver("cwd", os.getcwd)
 

@@ -41,3 +41,25 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_claimed: dict[str, str] = {}
+
+
+def claim_folder(path: str) -> str:
+    """A folder of this process's own: `path` created exclusively, or `path_2`, `path_3`, ... where another process
+    holds it (two runs started in the same second). Within one process the same path always gets the same answer:
+    Hydra resolves the run directory more than once. The `${claim_dir:...}` resolver of the run directory."""
+    if path not in _claimed:
+        base = Path(path)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while True:
+            candidate = base if n == 1 else base.with_name(f"{base.name}_{n}")
+            try:
+                candidate.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+        _claimed[path] = str(candidate)
+    return _claimed[path]
