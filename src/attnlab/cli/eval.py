@@ -24,10 +24,12 @@ def main() -> dict | None:
     import sys
 
     from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+    from attnlab.cli.hydra_errors import check_composes
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
 
     fail_before_hydra(check_output_paths, sys.argv[1:])
+    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "eval")  # attnlab's paragraph, not Hydra's
     return _main()
 
 

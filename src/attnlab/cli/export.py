@@ -37,8 +37,10 @@ def main():
     import sys
 
     from attnlab.cli.app import check_output_paths, fail_before_hydra
+    from attnlab.cli.hydra_errors import check_composes
 
     fail_before_hydra(check_output_paths, sys.argv[1:])
+    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "export")  # attnlab's paragraph, not Hydra's
     return _main()
 
 

@@ -24,12 +24,14 @@ def _main(cfg: DictConfig) -> float | None:
 
 def main() -> float | None:
     from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+    from attnlab.cli.hydra_errors import check_composes
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
     from attnlab.cli.plugins import check_plugins
 
     fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
     fail_before_hydra(check_output_paths, sys.argv[1:])
+    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train")  # attnlab's paragraph, not Hydra's
     return _main()
 
 

@@ -45,10 +45,12 @@ def _main(cfg: DictConfig):
 
 def main():
     from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+    from attnlab.cli.hydra_errors import check_composes
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
     sys.argv = quote_free_text(sys.argv)
     fail_before_hydra(check_output_paths, sys.argv[1:])
+    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "predict")  # attnlab's paragraph, not Hydra's
     return _main()
 
 
