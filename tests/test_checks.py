@@ -162,6 +162,13 @@ def test_ckpt_path_refuses_a_checkpoint_of_another_optimizer_or_network_size(tmp
 
 @pytest.mark.parametrize("config_name, overrides, message", [
     ("train", ["global_batch_size=0"], r"global_batch_size=0 is refused: .*\(expected int >= 1 or None\)"),
+    # torch takes them, and the run goes to NaN: averaging factors are in [0, 1)
+    ("train", ["optimizer=sgd", "optimizer.momentum=2"],
+     r"optimizer.momentum=2 is refused: input should be less than 1 \(expected float >= 0 and < 1\)"),
+    ("train", ["optimizer.betas=[0.9,1.5]"], r"optimizer.betas\[1\]=1.5 is refused: .*\(expected float >= 0 and < 1\)"),
+    ("train", ["optimizer=sgd", "+optimizer.dampening=-0.5"], r"optimizer.dampening=-0.5 is refused"),
+    ("train", ["model=bert_small", "data=text"], r"data.objective \(as model.objective\)='causal' is refused: .* Add "
+                                               r"data.objective=masked to the command line \(model.objective reads it\)"),
     ("train", ["train=maybe"], r"train='maybe' is refused: .*\(expected bool\)"),
     ("eval", ["ckpt_path=x.ckpt", "split=train"], r"split='train' is refused: not one of the accepted values "
                                                   r"\(expected one of 'test', 'val'\)"),

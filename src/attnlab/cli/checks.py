@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from attnlab.config import PLATFORM_KEYS, named_parameters
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings
-from attnlab.types import MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveInt, UnitInterval
+from attnlab.types import Fraction, MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, UnitInterval
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
@@ -68,12 +68,27 @@ class TrainerRanges(typing_extensions.TypedDict, total=False):
     limit_predict_batches: NonNegativeInt | UnitInterval | None
 
 
+class OptimizerRanges(typing_extensions.TypedDict, total=False):
+    """Ranges of torch's optimizer settings that torch accepts but that cannot train (SGD with momentum=2 runs into
+    NaN): momentum, dampening, betas and RMSprop's alpha are averaging factors in [0, 1)."""
+
+    lr: NonNegativeFloat
+    momentum: Fraction
+    dampening: Fraction
+    alpha: Fraction
+    betas: tuple[Fraction, Fraction]
+    weight_decay: NonNegativeFloat
+    eps: PositiveFloat
+
+
 # the types of the platform keys (attnlab.config.PLATFORM_KEYS), checked where a constructor does not take the key
 PLATFORM_HINTS: dict[str, dict[str, Any]] = {"model": {"compile": bool, "activation_checkpointing": bool}}
 
 # extra hints for constructors attnlab does not own, by `_target_`
 EXTRA_HINTS = {"lightning.pytorch.Trainer": TrainerRanges, "lightning.Trainer": TrainerRanges,
-               "pytorch_lightning.Trainer": TrainerRanges}
+               "pytorch_lightning.Trainer": TrainerRanges,
+               **{f"torch.optim.{name}": OptimizerRanges for name in ("SGD", "Adam", "AdamW", "RMSprop", "NAdam",
+                                                                      "RAdam", "Adamax", "Adagrad")}}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -229,8 +244,14 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
         if item_hint is not hint:  # a field of a settings dict: its value and its type
             value, hint = err.get("input", value), item_hint
         msg = "not one of the accepted values" if err["type"] == "literal_error" else err["msg"]
+        fix = "Give it a value of that kind."
+        accepted = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+        if OmegaConf.is_interpolation(node, key) and len(accepted) == 1 and not where:  # the one value it takes
+            source = str(node._get_node(key)._value()).strip("${}")
+            fix = (f"Add {source}={accepted[0]} to the command line ({path}.{key} reads it), or choose a "
+                   f"{path} config made for {source}={value}.")
         return (f"{_name(path, key, node)}{where}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected "
-                f"{_type_name(hint)}). Give it a value of that kind.")
+                f"{_type_name(hint)}). {fix}")
     for other in (m.key for m in _metadata(hint) if isinstance(m, MultipleOf)):
         divisor = node.get(other)
         if isinstance(value, int) and isinstance(divisor, int) and divisor > 0 and value % divisor:
@@ -269,6 +290,11 @@ def _locate(hint, loc: tuple) -> tuple[str, Any]:
     for part in loc:
         if isinstance(part, int):
             where += f"[{part}]"
+            members = typing.get_args(hint) if typing.get_origin(hint) in (tuple, list) else ()
+            if members and members[-1] is not Ellipsis and part < len(members):  # tuple[Fraction, Fraction]
+                hint = members[part]
+            elif members:  # list[X], tuple[X, ...]
+                hint = members[0]
             continue
         fields = _locate_fields(hint)
         if part in fields:
