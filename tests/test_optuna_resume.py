@@ -108,3 +108,26 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     flipped = run_cli("train.py", *SWEEP, "hydra.sweeper.direction=minimize", "hydra.sweeper.n_trials=5", env=log_env)
     assert flipped.returncode != 0 and "was started to maximize" in flipped.stdout, flipped.stdout[-2000:]
     assert len(_study(logs).trials) == len(study.trials)  # nothing ran
+
+
+@pytest.mark.parametrize("case", ["damaged", "no_trials"])
+def test_a_study_that_cannot_run_is_one_paragraph_and_its_database_is_left_as_it_was(case, tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.attnlab_optuna_sweeper._impl import OptunaSweeperImpl
+
+    db = tmp_path / "study.db"
+    db.write_bytes(b"SQLite format 3\x00" + b"\x07" * 300 if case == "damaged" else b"")  # cut short by a full disk
+    before = db.read_bytes()
+    sweeper = OptunaSweeperImpl(storage=f"sqlite:///{db}", n_trials=0 if case == "no_trials" else 4,
+                                params={"optimizer.lr": "interval(1e-4, 1e-2)"})
+    sweeper.config = OmegaConf.create({"task_name": "t", "paths": {"log_dir": str(tmp_path)}})
+    with pytest.raises(SystemExit) as stop:
+        sweeper.sweep([])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    if case == "damaged":
+        assert f"The Optuna study database {db} cannot be read" in err and f"mv {db} {db}.damaged" in err, err
+    else:
+        assert "hydra.sweeper.n_trials=0: a sweep needs at least one trial" in err, err
+    assert db.read_bytes() == before

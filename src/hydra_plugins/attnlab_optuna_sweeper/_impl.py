@@ -84,6 +84,9 @@ class OptunaSweeperImpl(Sweeper):
     def _sweep(self, arguments: list[str]) -> None:
         from filelock import FileLock, Timeout
 
+        if not isinstance(self.n_trials, int) or self.n_trials < 1:
+            raise _user_error(f"hydra.sweeper.n_trials={self.n_trials}: a sweep needs at least one trial (it is the "
+                              "study's total; a continued study runs what is missing). Give it a positive number.")
         params = [f"{k}={v}" for k, v in (self.params or {}).items()]
         space, fixed = search_space(params + list(arguments))
         url, lock_path = self._storage()
@@ -117,7 +120,18 @@ class OptunaSweeperImpl(Sweeper):
 
     def _load(self, url: Optional[str], space: dict) -> optuna.Study:
         name = self._study_name()
-        study = optuna.create_study(study_name=name, storage=url, directions=self.directions, load_if_exists=True)
+        try:
+            study = optuna.create_study(study_name=name, storage=url, directions=self.directions,
+                                        load_if_exists=True)
+        except Exception as e:  # sqlalchemy's DatabaseError: not a database, cut short, another schema
+            if url is None or not url.startswith("sqlite:///"):
+                raise
+            db = url.removeprefix("sqlite:///")
+            raise _user_error(
+                f"The Optuna study database {db} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:160]}): "
+                "it is damaged, e.g. cut short by a full disk or a copy killed half-way. Nothing was changed in it. "
+                f"Move it aside to start the study anew (mv {db} {db}.damaged), or give this sweep another study: "
+                "hydra.sweeper.storage=sqlite:///<file> or hydra.sweeper.study_name=<name>.") from None
         study.sampler = self._sampler(space, n_before=len(study.trials))
         found = [d.name.lower() for d in study.directions]
         if found != [d.lower() for d in self.directions]:
