@@ -206,3 +206,24 @@ def test_fold_multirun_prints_the_mean_over_folds(small_data, tmp_path):
     out = run_cli("train.py", "-m", "data=digits", "data.folds=3", "data.fold=range(3)", *QUICK, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "grouped by data.fold" in out.stdout and "0, 1, 2" in out.stdout
+
+
+def test_damaged_run_folders_are_named_and_the_others_compared(grid, tmp_path, caplog):
+    sweep, _ = grid
+    runs = tmp_path / "runs"
+    for name, job in (("good", "0"), ("empty_metrics", "1"), ("bad_config", "2"), ("bad_curves", "3")):
+        shutil.copytree(sweep / job, runs / name)
+    (runs / "empty_metrics" / "metrics.json").write_text("")               # a full disk at the end of a run
+    (runs / "bad_config" / "config.yaml").write_text("model: [unclosed\n")   # cut short
+    (runs / "bad_curves" / "csv" / "metrics.csv").write_bytes(b'"step,\x00\x00\n"1,')
+    with caplog.at_level("WARNING", logger="attnlab"):
+        (table,) = compare([str(runs / "*")])
+    status = table.set_index("run")["status"]
+    assert sorted(status.index) == ["bad_curves", "empty_metrics", "good"] and status["good"] == "finished"
+    assert status["empty_metrics"] == "damaged: metrics.json unreadable"
+    assert f"left out {runs / 'bad_config'}: its config.yaml cannot be read" in caplog.text
+    (runs / "good" / "config.yaml").write_text("")
+    for name in ("empty_metrics", "bad_curves"):
+        shutil.rmtree(runs / name)
+    with pytest.raises(Exception, match="no run in .* can be read: .*bad_config: its config.yaml cannot be read"):
+        compare([str(runs / "*")])

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attnlab.errors import UserError
+
+log = logging.getLogger("attnlab")
 
 # config keys that say where a run is or how it printed, not what it computed
 NOT_SETTINGS = ("paths.", "hydra.", "extras.", "callbacks.progress_bar", "callbacks.rich", "logger.")
@@ -26,6 +29,7 @@ class Run:
     curves: Any = None                           # pandas DataFrame of csv/metrics.csv, or None
     name: str = ""
     media: list[Path] = field(default_factory=list)
+    problem: str = ""                            # a damaged file of the run (empty metrics.json, ...): shown
 
     @property
     def finished(self) -> bool:
@@ -56,6 +60,8 @@ class Run:
         return out
 
     def status(self) -> str:
+        if self.problem:
+            return f"damaged: {self.problem}"
         if self.finished:
             return "finished"
         step = self.last_step
@@ -75,22 +81,39 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def load_run(path: Path) -> Run:
     import pandas as pd
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-    cfg = OmegaConf.load(path / "config.yaml")
+    try:
+        cfg = OmegaConf.load(path / "config.yaml")
+        if not isinstance(cfg, DictConfig) or not cfg:
+            raise ValueError("empty" if not cfg else "not a mapping of settings")
+    except Exception as e:
+        raise DamagedRun(f"{path}: its config.yaml cannot be read ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:120] if str(e) else 'empty'})") from None
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation that only resolves inside a run: keep it as written
         config = OmegaConf.to_container(cfg, resolve=False)
-    metrics = None
+    metrics, curves, problems = None, None, []
     if (path / "metrics.json").is_file():
-        metrics = {k: float(v) for k, v in json.loads((path / "metrics.json").read_text()).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        try:
+            metrics = {k: float(v) for k, v in json.loads((path / "metrics.json").read_text()).items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        except (ValueError, AttributeError, OSError):
+            problems.append("metrics.json unreadable")
     csv = path / "csv" / "metrics.csv"
-    curves = pd.read_csv(csv) if csv.is_file() and csv.stat().st_size else None
+    if csv.is_file() and csv.stat().st_size:
+        try:
+            curves = pd.read_csv(csv)
+        except (ValueError, OSError):
+            problems.append("csv/metrics.csv unreadable")
     media = sorted(p for p in (path / "media").rglob("*") if p.suffix.lower() in MEDIA) \
         if (path / "media").is_dir() else []
-    return Run(path, flatten(config), metrics, curves, media=media)
+    return Run(path, flatten(config), metrics, curves, media=media, problem=", ".join(problems))
+
+
+class DamagedRun(Exception):
+    """A run directory whose config.yaml cannot be read: left out of the comparison, and named."""
 
 
 def find_runs(inputs: list[str]) -> list[Run]:
@@ -111,7 +134,18 @@ def find_runs(inputs: list[str]) -> list[Run]:
                         "train.py writes (logs/<task>/runs/<time>/, or the numbered jobs of a multirun under "
                         "logs/<task>/multiruns/<time>/). Give run or multirun directories, or a glob such as "
                         "'logs/*/multiruns/*'.")
-    runs = [load_run(p) for p in paths]
+    runs, damaged = [], []
+    for p in paths:
+        try:
+            runs.append(load_run(p))
+        except DamagedRun as e:
+            damaged.append(str(e))
+    for line in damaged:  # the others are compared; each one left out is named
+        log.warning("left out %s", line)
+    if not runs:
+        raise UserError(f"no run in {', '.join(inputs)} can be read: " + "; ".join(damaged) + ". Fix or remove "
+                        "those files (a run's config.yaml is written when it starts), or give other runs.")
+    paths = [r.path for r in runs]
     names = _short_names(paths)
     for run, name in zip(runs, names):
         run.name = name
