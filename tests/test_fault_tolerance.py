@@ -229,3 +229,28 @@ def test_runs_started_in_the_same_second_each_claim_a_run_directory_of_their_own
     assert all(os.path.isdir(d) for d in dirs)
     # the shipped run directory is claimed the same way
     assert (CONF_DIR / "hydra" / "default.yaml").read_text().count("dir: ${claim_dir:") == 1
+
+
+@pytest.mark.parametrize("monitor, when", [("val/accuracy", "before"), ("train/acc_epoch", "after")])
+def test_a_monitored_metric_never_logged_is_named_with_what_is_logged(monitor, when, tmp_path, capsys):
+    from attnlab.cli.app import run_app
+    from attnlab.cli.training import train
+    from conftest import FAST, compose_cfg
+
+    out = tmp_path / "run"
+    cfg = compose_cfg([f"model.monitor={monitor}", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
+                       "trainer.limit_val_batches=1", *FAST], out)
+    with pytest.raises(SystemExit) as stop:
+        run_app(train, cfg)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert f"the checkpoints rank runs by monitor={monitor} (model.monitor, or callbacks.model_checkpoint.monitor), " \
+           "but the model never logs that metric" in err, err
+    assert "It logs: " in err and "val/acc" in err.split("It logs: ")[1]
+    last = out / "checkpoints" / "last.ckpt"
+    if when == "before":  # the sanity check's batches show it before any training
+        assert "(checked on the sanity-check batches, before training)" in err and not last.exists()
+        assert "Did you mean val/acc" in err
+    else:  # found at the first validation: the training so far is kept
+        assert f"The training so far is saved in {last}" in err
+        assert torch.load(last, weights_only=False)["global_step"] == 2

@@ -15,6 +15,8 @@ Files are written to a temporary name and renamed, so no checkpoint is ever half
 
 from __future__ import annotations
 
+import difflib
+from pathlib import Path
 
 import torch
 
@@ -22,6 +24,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from attnlab.compat import CheckpointBase
+from attnlab.errors import UserError
 from attnlab.utils.atomic import atomic_path
 
 
@@ -64,7 +67,34 @@ class ModelCheckpoint(CheckpointBase):
         better = bool(op(current, self.best_k_models[self.kth_best_model_path]))
         return trainer.strategy.reduce_boolean_decision(better)
 
+    def on_sanity_check_end(self, trainer, pl_module) -> None:
+        """Before training: a monitored validation metric the sanity check did not log is never logged."""
+        namespace = self.monitor.split("/")[0] + "/" if self.monitor and "/" in self.monitor else None
+        candidates = self.monitor_candidates(trainer)
+        # `<metric>_best` (val/acc_best) is logged from the first real validation on, once its metric is there
+        best_of_logged = self.monitor.endswith("_best") and self.monitor.removesuffix("_best") in candidates
+        if namespace and any(k.startswith(namespace) for k in candidates) and not best_of_logged:
+            self._check_monitor(candidates, trainer, before_training=True)
+
+    def _check_monitor(self, candidates: dict, trainer, before_training: bool = False) -> None:
+        if not self.monitor or self.monitor in candidates or trainer.fast_dev_run:
+            return
+        logged = sorted(k for k in candidates if k not in ("epoch", "step") and not k.endswith("_step"))
+        close = difflib.get_close_matches(self.monitor, logged, n=2, cutoff=0.5)
+        saved = ""
+        if not before_training:  # what it trained so far is kept
+            self.save_last_now(trainer)
+            saved = f" The training so far is saved in {Path(self.dirpath) / 'last.ckpt'}."
+        raise UserError(
+            f"the checkpoints rank runs by monitor={self.monitor} (model.monitor, or "
+            f"callbacks.model_checkpoint.monitor), but the model never logs that metric"
+            + (" (checked on the sanity-check batches, before training)" if before_training else "") + ". "
+            + (f"Did you mean {' or '.join(close)}? " if close else "")
+            + f"It logs: {', '.join(logged) or 'nothing'}. Set model.monitor to one of them.{saved}")
+
     def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._check_monitor(self.monitor_candidates(trainer), trainer)
         super().on_validation_end(trainer, pl_module)
         if not self.saves_at_train_epoch_end(trainer):
             self.save_last_now(trainer)
