@@ -254,3 +254,29 @@ def test_a_monitored_metric_never_logged_is_named_with_what_is_logged(monitor, w
     else:  # found at the first validation: the training so far is kept
         assert f"The training so far is saved in {last}" in err
         assert torch.load(last, weights_only=False)["global_step"] == 2
+
+
+def test_wandb_folders_go_to_the_run_folder_when_home_cannot_be_written(tmp_path, monkeypatch):
+    from attnlab.loggers import wandb_logger
+
+    home = tmp_path / "home"
+    home.write_text("a file, not a folder: nothing can be created under it")
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "mine"))  # one the user set stays
+    run_dir = tmp_path / "run"
+    logger = wandb_logger(save_dir=str(run_dir), offline=True)
+    assert os.environ["WANDB_CACHE_DIR"] == str(run_dir / "wandb" / "cache")
+    assert os.environ["WANDB_CONFIG_DIR"] == str(run_dir / "wandb" / "config")
+    assert os.environ["WANDB_DATA_DIR"] == str(tmp_path / "mine")
+    import wandb
+
+    run = logger.experiment  # W&B starts, logs and stages an artifact without touching HOME
+    run.log({"val/acc": 0.5})
+    (tmp_path / "weights.txt").write_text("w")
+    artifact = wandb.Artifact("model", type="model")
+    artifact.add_file(str(tmp_path / "weights.txt"))
+    run.log_artifact(artifact)
+    run.finish()
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))

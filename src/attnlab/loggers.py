@@ -20,6 +20,39 @@ def wandb_has_credentials() -> bool:
         return False
 
 
+# W&B's folders under HOME (cache, settings, artifact staging) and the variables that move them
+_WANDB_HOME_FOLDERS = {"WANDB_CACHE_DIR": ".cache/wandb", "WANDB_CONFIG_DIR": ".config/wandb",
+                       "WANDB_DATA_DIR": ".local/share/wandb"}
+
+
+def _wandb_folders_writable(save_dir: str) -> None:
+    """Where HOME cannot be written (a read-only or missing home on a cluster node, a container's user without one),
+    W&B's folders go into the run folder (<run dir>/wandb/{cache,config,data}) instead of failing at its first
+    write; a variable the user set is left alone."""
+    from pathlib import Path
+
+    moved = []
+    for var, rel in _WANDB_HOME_FOLDERS.items():
+        if os.environ.get(var) or _writable(Path(os.path.expanduser("~")) / rel):
+            continue
+        os.environ[var] = str(Path(save_dir).absolute() / "wandb" / var.split("_")[1].lower())
+        moved.append(var)
+    if moved:
+        log.info("W&B: %s cannot be written: its folders are in %s (%s)", os.path.expanduser("~"),
+                 Path(save_dir).absolute() / "wandb", ", ".join(moved))
+
+
+def _writable(folder) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".attnlab-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
 def wandb_logger(project: str = "attnlab", offline: bool = False, log_samples: int = 16, resume_id: str | None = None,
                  tags: list[str] | None = None, **kwargs: Any):
     """Lightning's WandbLogger that never prompts: with no API key (or WANDB_MODE=offline) it logs offline
@@ -33,6 +66,7 @@ def wandb_logger(project: str = "attnlab", offline: bool = False, log_samples: i
         log.warning("W&B: no API key found (WANDB_API_KEY or `wandb login`): logging offline; "
                     "upload later with `wandb sync <run dir>/wandb/offline-run-*`.")
     os.environ.setdefault("WANDB_SILENT", "true")
+    _wandb_folders_writable(kwargs.get("save_dir") or ".")
     if resume_id:
         kwargs |= {"id": resume_id, "resume": "allow"}
     if offline:  # wandb's own offline mode: Lightning's `offline=True` refuses log_model, but an offline run records
