@@ -227,3 +227,36 @@ def test_damaged_run_folders_are_named_and_the_others_compared(grid, tmp_path, c
         shutil.rmtree(runs / name)
     with pytest.raises(Exception, match="no run in .* can be read: .*bad_config: its config.yaml cannot be read"):
         compare([str(runs / "*")])
+
+
+def test_every_run_records_its_lineage_and_compare_shows_where_two_differ(grid, tmp_path, capsys):
+    import torch
+
+    sweep, _ = grid
+    record = json.loads((sweep / "0" / "lineage.json").read_text())
+    assert record["status"] == "finished" and record["ended"] >= record["started"]
+    assert record["command"].startswith("train.py data=digits seed=1 optimizer.lr=0.001")  # this job alone
+    assert record["packages"]["torch"] == torch.__version__.split("+")[0] and record["python"] == sys.version.split()[0]
+    assert record["accelerator"]["cpu_count"] >= 1 and record["host"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout (CI's fresh clone is one): the commit, and the uncommitted changes
+        assert record["git"]["commit"] == head.stdout.strip()
+        assert record["git"]["dirty"] == (sweep / "0" / "lineage.diff").exists() or record["git"]["untracked"]
+    ckpt = torch.load(sweep / "0" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["attnlab"]["lineage"]["started"] == record["started"]  # the checkpoint alone says it too
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(sweep / "0", a)
+    shutil.copytree(sweep / "1", b)
+    other = json.loads((b / "lineage.json").read_text())
+    other["packages"]["torch"] = "9.9.9"
+    other["accelerator"]["gpus"] = ["NVIDIA H100 80GB HBM3"]
+    (b / "lineage.json").write_text(json.dumps(other))
+    rows = dict((k, (va, vb)) for k, va, vb in show_diff(str(a), str(b)))
+    assert rows["lineage.packages.torch"] == (record["packages"]["torch"], "9.9.9")
+    assert rows["lineage.accelerator.gpus"][1] == "['NVIDIA H100 80GB HBM3']"
+    assert "lineage that differs" in capsys.readouterr().out
+    report = tmp_path / "report.html"
+    compare([str(a), str(b)], report=report)
+    page = report.read_text()
+    assert "<h3>Lineage</h3>" in page and "9.9.9" in page and "packages.torch" in page

@@ -1,5 +1,6 @@
-"""Stores the run's resolved config and W&B run id in every checkpoint, so a checkpoint alone can be evaluated,
-used for prediction, or resumed into the same W&B run."""
+"""Stores the run's resolved config, W&B run id and lineage in every checkpoint, so a checkpoint alone can be
+evaluated, used for prediction, resumed into the same W&B run, or traced back to the code and machine that made it;
+writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import lightning as L
 
 import attnlab
+from attnlab import lineage
 
 
 def wandb_run_id(trainer: L.Trainer) -> str | None:
@@ -20,10 +22,34 @@ def wandb_run_id(trainer: L.Trainer) -> str | None:
 class RunMetadata(L.Callback):
     def __init__(self, config: dict[str, Any]):
         self.config = config
+        self.lineage: dict[str, Any] | None = None
+
+    def _run_dir(self) -> str | None:
+        return (self.config.get("paths") or {}).get("output_dir")
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or self.lineage is not None:
+            return
+        self.lineage, diff = lineage.collect()
+        if trainer.is_global_zero and self._run_dir():
+            lineage.write(self._run_dir(), self.lineage, diff)
+
+    def _finish(self, trainer, status: str) -> None:
+        if self.lineage is None or not trainer.is_global_zero or not self._run_dir():
+            return
+        self.lineage |= {"ended": lineage.now(), "status": status, "global_step": trainer.global_step}
+        lineage.write(self._run_dir(), self.lineage)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._finish(trainer, "finished")
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._finish(trainer, f"stopped: {type(exception).__name__}")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["attnlab"] = {
             "version": attnlab.__version__,
             "config": self.config,
             "wandb_run_id": wandb_run_id(trainer),
+            "lineage": self.lineage,
         }

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from attnlab.compare.runs import Run, differing_keys, find_runs
-from attnlab.compare.table import (by_task, diff, group_frame, grouping_keys, metric_names, rich_table, runs_frame,
-                                   sort_frame)
+from attnlab.compare.table import (by_task, diff, group_frame, grouping_keys, lineage_diff, metric_names, rich_table,
+                                   runs_frame, sort_frame)
 from attnlab.errors import UserError
 
 
@@ -84,7 +84,19 @@ def show_diff(a: str, b: str, console=None) -> list[tuple]:
     for k, va, vb in rows:
         table.add_row(k, str(va), str(vb))
     console.print(table if rows else "the two runs have the same config")
-    return rows
+    a_run, b_run = runs[0][0], runs[1][0]
+    if a_run.lineage is None or b_run.lineage is None:
+        missing = [r.name for r in (a_run, b_run) if r.lineage is None]
+        console.print(f"no lineage.json in {', '.join(missing)} (runs of attnlab before lineage was recorded)")
+        return rows
+    lineage_rows_ = lineage_diff(a_run, b_run)
+    table = Table(title="lineage that differs (code, environment, machine)")
+    for col in ("key", "A", "B"):
+        table.add_column(col, overflow="fold")
+    for k, va, vb in lineage_rows_:
+        table.add_row(k, str(va), str(vb))
+    console.print(table if lineage_rows_ else "the two runs have the same lineage (code, environment, machine)")
+    return rows + [(f"lineage.{k}", va, vb) for k, va, vb in lineage_rows_]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from attnlab.compare.runs import Run
-from attnlab.compare.table import cell
+from attnlab.compare.table import cell, lineage_rows
 from attnlab.utils.atomic import write_text
 
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}
@@ -97,6 +97,11 @@ def write_report(out: Path, sections: list[tuple[str, object, dict[str, list[Run
             rows = "".join(f"<tr><th>{html.escape(k)}</th>" + "".join(
                 f"<td>{html.escape(str(r.config.get(k, '—')))}</td>" for r in runs) + "</tr>" for k in keys)
             parts.append(f"<h3>Config keys that differ</h3><table><tr><th>key</th>{head}</tr>{rows}</table>")
+        if any(r.lineage for r in runs):
+            head = "".join(f"<th>{html.escape(r.name)}</th>" for r in runs)
+            rows = "".join(f"<tr><th>{html.escape(k)}</th>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in values)
+                           + "</tr>" for k, values in lineage_rows(runs))
+            parts.append(f"<h3>Lineage</h3><table><tr><th>key</th>{head}</tr>{rows}</table>")
         media = [(r, m) for r in runs for m in r.media]
         if media:
             parts.append("<h3>Media</h3><ul>")

@@ -30,6 +30,7 @@ class Run:
     name: str = ""
     media: list[Path] = field(default_factory=list)
     problem: str = ""                            # a damaged file of the run (empty metrics.json, ...): shown
+    lineage: dict[str, Any] | None = None        # lineage.json: code, environment, machine (attnlab.lineage)
 
     @property
     def finished(self) -> bool:
@@ -109,7 +110,10 @@ def load_run(path: Path) -> Run:
             problems.append("csv/metrics.csv unreadable")
     media = sorted(p for p in (path / "media").rglob("*") if p.suffix.lower() in MEDIA) \
         if (path / "media").is_dir() else []
-    return Run(path, flatten(config), metrics, curves, media=media, problem=", ".join(problems))
+    from attnlab import lineage
+
+    return Run(path, flatten(config), metrics, curves, media=media, problem=", ".join(problems),
+               lineage=lineage.read(path))
 
 
 class DamagedRun(Exception):

@@ -124,5 +124,31 @@ def diff(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     return [(k, _show(a.config.get(k, "—")), _show(b.config.get(k, "—"))) for k in differing_keys([a, b])]
 
 
+# the lineage shown for every run in the HTML report; any other key of it is shown where runs differ
+LINEAGE_SUMMARY = ("git.commit", "git.dirty", "attnlab", "python", "packages.torch", "packages.lightning",
+                   "accelerator.gpus", "accelerator.cpu", "host", "started", "status")
+
+
+def lineage_diff(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
+    """(key, value in a, value in b) for every lineage key that differs (times left out)."""
+    from attnlab.lineage import flatten
+
+    la, lb = flatten(a.lineage), flatten(b.lineage)
+    return [(k, _show(la.get(k, "—")), _show(lb.get(k, "—"))) for k in sorted(set(la) | set(lb))
+            if la.get(k) != lb.get(k) and k not in ("cwd", "command")] + \
+        [(k, la.get(k, "—"), lb.get(k, "—")) for k in ("command",) if la.get(k) != lb.get(k)]
+
+
+def lineage_rows(runs: list[Run]) -> list[tuple[str, list[Any]]]:
+    """(key, value per run): the summary keys, then the keys whose values differ between the runs."""
+    from attnlab.lineage import flatten
+
+    flat = [dict(flatten(r.lineage), started=(r.lineage or {}).get("started")) for r in runs]
+    differing = sorted(k for k in set().union(*flat) if len({str(f.get(k)) for f in flat}) > 1
+                       and k not in LINEAGE_SUMMARY and k != "cwd")
+    keys = [k for k in LINEAGE_SUMMARY if any(k in f for f in flat)] + differing
+    return [(k, [_show(f.get(k, "—")) for f in flat]) for k in keys]
+
+
 def _show(v: Any) -> Any:
     return str(v) if isinstance(v, (list, dict)) else v

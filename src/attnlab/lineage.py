@@ -1,0 +1,179 @@
+"""Where a run came from: the command, the code (git commit, uncommitted changes), the environment (Python and the
+main libraries' versions), the machine (GPUs and driver, or CPU model and threads), the host and the times.
+
+Written as `lineage.json` in the run folder when training starts and again when it ends (the uncommitted changes
+as `lineage.diff` beside it), and stored in every checkpoint. A run started again in its folder keeps the earlier
+records under `earlier`. `attnlab-compare --diff A B` shows how two runs' lineages differ."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# the libraries whose versions change results
+PACKAGES = ("torch", "lightning", "hydra-core", "omegaconf", "timm", "torchmetrics", "torchvision", "transformers",
+            "tokenizers", "datasets", "numpy", "optuna", "wandb", "segmentation-models-pytorch", "sacrebleu")
+FILE, DIFF = "lineage.json", "lineage.diff"
+_MAX_DIFF = 5 * 2**20  # a diff larger than this is cut (a generated file checked in by mistake)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
+    """(the lineage record, the uncommitted changes of the working directory's repository as a diff)."""
+    import attnlab
+
+    cwd = Path(cwd or os.getcwd())
+    git, diff = _git(cwd)
+    record: dict[str, Any] = {
+        "command": shlex.join([Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]),
+        "cwd": str(cwd),
+        "attnlab": attnlab.__version__,
+        "git": git,
+        "python": platform.python_version(),
+        "packages": _versions(),
+        "accelerator": _accelerator(),
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "started": now(),
+        "ended": None,
+        "status": "running",
+    }
+    source = Path(attnlab.__file__).resolve().parents[2]
+    if git is None or not _is_under(source, Path(git["root"])):  # attnlab's own checkout, when it is one
+        record["attnlab_git"], _ = _git(source, with_diff=False)
+    return record, diff
+
+
+def write(run_dir: str | os.PathLike, record: dict[str, Any], diff: str = "") -> None:
+    """lineage.json (and lineage.diff) in the run folder, each written whole; earlier records of the folder kept."""
+    from attnlab.utils.atomic import write_text
+
+    path = Path(run_dir) / FILE
+    earlier = []
+    if path.is_file() and "earlier" not in record:
+        try:
+            old = json.loads(path.read_text())
+            if old.get("started") != record.get("started"):
+                earlier = [*old.pop("earlier", []), old]
+        except (ValueError, OSError, AttributeError):
+            pass
+    if earlier:
+        record["earlier"] = earlier
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(record, indent=2, sort_keys=False))
+    if diff:
+        write_text(Path(run_dir) / DIFF, diff)
+
+
+def read(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(run_dir) / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _run(args: list[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hangs
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _git(cwd: Path, with_diff: bool = True) -> tuple[dict[str, Any] | None, str]:
+    root = _run(["git", "rev-parse", "--show-toplevel"], cwd)
+    if root is None:
+        return None, ""
+    commit = (_run(["git", "rev-parse", "HEAD"], cwd) or "").strip() or None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd) or ""
+    untracked = [line[3:] for line in status.splitlines() if line.startswith("??")]
+    diff = (_run(["git", "diff", "HEAD", "--no-color"], cwd) or "") if with_diff and commit else ""
+    if len(diff) > _MAX_DIFF:
+        diff = diff[:_MAX_DIFF] + "\n[diff cut at 5 MiB]\n"
+    info = {
+        "root": root.strip(),
+        "commit": commit,
+        "branch": (_run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd) or "").strip() or None,
+        "dirty": bool(status.strip()),
+        "untracked": untracked[:100],
+    }
+    remote = (_run(["git", "remote", "get-url", "origin"], cwd) or "").strip()
+    if remote:
+        info["remote"] = remote
+    if diff:
+        info["diff_file"] = DIFF
+    return info, diff
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _accelerator() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cpu_count": os.cpu_count()}
+    if "torch" in sys.modules:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            info["cuda"] = torch.version.cuda
+            driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], Path.cwd())
+            if driver:
+                info["driver"] = driver.splitlines()[0].strip()
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            info["gpus"] = ["Apple MPS"]
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _is_under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def flatten(record: dict[str, Any] | None) -> dict[str, Any]:
+    """Dotted keys of a lineage record, for comparing two runs (times and earlier records left out)."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = node
+
+    for key, value in (record or {}).items():
+        if key not in ("started", "ended", "earlier"):
+            walk(value, key)
+    return out
