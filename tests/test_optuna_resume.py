@@ -131,3 +131,26 @@ def test_a_study_that_cannot_run_is_one_paragraph_and_its_database_is_left_as_it
     else:
         assert "hydra.sweeper.n_trials=0: a sweep needs at least one trial" in err, err
     assert db.read_bytes() == before
+
+
+def test_a_pruner_stops_hopeless_trials_and_they_count_as_pruned(tmp_path, log_env):
+    import optuna
+
+    # a threshold no short run reaches: every trial is pruned at its first validation, and the sweep still ends
+    out = run_cli("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2",
+                  "hydra.sweeper.pruner={name: threshold, lower: 0.999}", "trainer.max_epochs=3",
+                  "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "extras.print_config=false",
+                  "callbacks.progress_bar=null", env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    db = tmp_path / "logs" / "train" / "optuna" / "vit_digits.db"
+    study = optuna.load_study(study_name="vit_digits", storage=f"sqlite:///{db}")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert all(t.last_step == 2 for t in study.trials)  # reported at the first validation, stopped there
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    rows = pd.read_csv(sweep / "results.csv")
+    assert list(rows["state"]) == ["pruned", "pruned"] and list(rows["step"]) == [2, 2]
+    assert not list(sweep.rglob("metrics.json")) and not list(sweep.rglob("epoch_*.ckpt"))  # no test pass, no ckpt
+    from attnlab.compare import compare
+
+    (table,) = compare([str(sweep)])
+    assert set(table["status"]) == {"pruned (step 2)"}

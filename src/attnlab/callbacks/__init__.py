@@ -2,7 +2,8 @@
 
 from attnlab.callbacks.checkpoint import ModelCheckpoint
 from attnlab.callbacks.nan_guard import NaNGuard
+from attnlab.callbacks.optuna_pruning import OptunaPruning
 from attnlab.callbacks.progress import ProgressBar
 from attnlab.callbacks.throughput import Throughput
 
-__all__ = ["ModelCheckpoint", "NaNGuard", "ProgressBar", "Throughput"]
+__all__ = ["ModelCheckpoint", "NaNGuard", "OptunaPruning", "ProgressBar", "Throughput"]

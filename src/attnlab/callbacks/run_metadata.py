@@ -44,7 +44,8 @@ class RunMetadata(L.Callback):
         self._finish(trainer, "finished")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._finish(trainer, f"stopped: {type(exception).__name__}")
+        pruned = type(exception).__name__ == "TrialPruned"  # an Optuna sweep's pruner stopped it
+        self._finish(trainer, "pruned" if pruned else f"stopped: {type(exception).__name__}")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["attnlab"] = {

@@ -63,6 +63,8 @@ class Run:
     def status(self) -> str:
         if self.problem:
             return f"damaged: {self.problem}"
+        if (self.lineage or {}).get("status") == "pruned":  # stopped by an Optuna sweep's pruner
+            return f"pruned (step {self.lineage.get('global_step', self.last_step)})"
         if self.finished:
             return "finished"
         step = self.last_step

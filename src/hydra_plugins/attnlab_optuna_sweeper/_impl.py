@@ -33,12 +33,13 @@ def _user_error(message: str) -> Exception:
 class OptunaSweeperImpl(Sweeper):
     def __init__(self, sampler: Any = None, direction: Any = "minimize", storage: Optional[str] = None,
                  study_name: Optional[str] = None, n_trials: int = 20, n_jobs: int = 1,
-                 max_failure_rate: float = 0.0, params: Optional[DictConfig] = None) -> None:
+                 max_failure_rate: float = 0.0, pruner: Any = None, params: Optional[DictConfig] = None) -> None:
         self.sampler = sampler
         self.directions = [direction] if isinstance(direction, str) else list(direction)
         self.storage, self.study_name = storage, study_name
         self.n_trials, self.n_jobs, self.max_failure_rate = n_trials, max(1, n_jobs), max_failure_rate
         self.params = params
+        self.pruner = OmegaConf.to_container(pruner, resolve=True) if isinstance(pruner, DictConfig) else pruner
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context = config, hydra_context
@@ -120,9 +121,11 @@ class OptunaSweeperImpl(Sweeper):
 
     def _load(self, url: Optional[str], space: dict) -> optuna.Study:
         name = self._study_name()
+        from attnlab.optuna_pruners import make_pruner
+
         try:
             study = optuna.create_study(study_name=name, storage=url, directions=self.directions,
-                                        load_if_exists=True)
+                                        load_if_exists=True, pruner=make_pruner(self.pruner))
         except Exception as e:  # sqlalchemy's DatabaseError: not a database, cut short, another schema
             if url is None or not url.startswith("sqlite:///"):
                 raise
@@ -161,9 +164,14 @@ class OptunaSweeperImpl(Sweeper):
                      f"finished, {max(to_go, 0)} to run.")
         else:
             log.info(f"Optuna study '{study.study_name}' ({where}): {self.n_trials} trials.")
+        if self.pruner is not None and url is None:  # jobs of this process find it by name
+            from attnlab.callbacks.optuna_pruning import IN_PROCESS
+
+            IN_PROCESS[study.study_name] = study
         while to_go > 0:
             batch = [study.ask(space) for _ in range(min(self.n_jobs, to_go))]
-            overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) for t in batch]
+            overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) + self._trial_env(t, study, url)
+                         for t in batch]
             try:
                 returns = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
             except BaseException:  # SIGTERM (Lightning's SIGTERMException), Ctrl-C: these trials run again
@@ -179,12 +187,47 @@ class OptunaSweeperImpl(Sweeper):
             to_go -= len(batch)
         self._save_results(study, where)
 
+    def _trial_env(self, trial: optuna.Trial, study: optuna.Study, url: Optional[str]) -> tuple[str, ...]:
+        """With a pruner: the job's own trial, in its environment (`hydra.job.env_set`, which every launcher applies
+        in the job's process), for `attnlab.callbacks.OptunaPruning`."""
+        if self.pruner is None:
+            return ()
+        import json
+
+        from attnlab.callbacks.optuna_pruning import ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL
+
+        env = {ENV_STORAGE: url or "memory", ENV_STUDY: study.study_name, ENV_TRIAL: str(trial._trial_id),
+               ENV_PRUNER: json.dumps(self.pruner, separators=(",", ":"))}
+        return tuple(f"++hydra.job.env_set.{k}='{v}'" for k, v in env.items())
+
+    def _pruned(self, study: optuna.Study, trial: optuna.Trial, ret: Any, reason: Exception) -> None:
+        """A trial its job stopped for the pruner: PRUNED in the study (its last reported value stands), a row of
+        results.csv with its state and step."""
+        study.tell(trial, state=TrialState.PRUNED)
+        frozen = study._storage.get_trial(trial._trial_id)
+        step = frozen.last_step
+        value = frozen.intermediate_values.get(step) if step is not None else None
+        log.info(f"Trial {trial.number} pruned at step {step} ({value}): {reason}")
+        try:
+            from attnlab.cli.training import append_row
+        except ImportError:
+            return
+        hc = ret.hydra_cfg.hydra if getattr(ret, "hydra_cfg", None) is not None else None
+        row = {"job": trial.number, "overrides": " ".join(o for o in (ret.overrides or []) if "env_set" not in o),
+               "metric": str(OmegaConf.select(self.config, "optimized_metric", default="") or ""),
+               "value": value, "state": "pruned", "step": step,
+               "run_dir": str(hc.runtime.output_dir) if hc is not None else str(getattr(ret, "working_dir", ""))}
+        append_row(Path(self.config.hydra.sweep.dir) / "results.csv", row)
+
     def _tell(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> bool:
         """Report one job's return value; True where the job failed."""
         study._storage.set_trial_user_attr(trial._trial_id, "job_dir", str(getattr(ret, "working_dir", "") or ""))
         try:
             value = ret.return_value
             values = [float(value)] if len(self.directions) == 1 else [float(v) for v in value]
+        except optuna.TrialPruned as e:
+            self._pruned(study, trial, ret, e)
+            return False
         except Exception as e:  # the job raised, or returned no number
             log.warning(f"Trial {trial.number} failed: {e}")
             study.tell(trial, state=TrialState.FAIL)

@@ -35,6 +35,9 @@ class OptunaSweeperConf:
     n_trials: int = 20  # the study's total: a continued study runs what is missing
     n_jobs: int = 1  # trials launched together (in parallel with a parallel launcher)
     max_failure_rate: float = 0.0
+    # prune hopeless trials: median, percentile, successive_halving, hyperband, threshold, nop, with settings
+    # ({name: median, n_warmup_steps: 5}) or {_target_: ...}; each job reports optimized_metric at every validation
+    pruner: Any = None
     params: Optional[Dict[str, Any]] = None
 
 
