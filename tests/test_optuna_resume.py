@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from conftest import DATA_DIR, ROOT, run_cli
@@ -154,3 +155,25 @@ def test_a_pruner_stops_hopeless_trials_and_they_count_as_pruned(tmp_path, log_e
 
     (table,) = compare([str(sweep)])
     assert set(table["status"]) == {"pruned (step 2)"}
+
+
+def test_ddp_trials_of_an_optuna_sweep_train_one_configuration_on_every_rank(tmp_path, log_env):
+    out = run_cli("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2", "trainer=ddp_cpu",
+                  "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                  "trainer.limit_test_batches=1", "extras.print_config=false", "callbacks.progress_bar=null",
+                  env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [j.name for j in jobs] == ["0", "1"]  # one run folder per trial, none per rank
+    rows = pd.read_csv(sweep / "results.csv")
+    assert sorted(rows["job"]) == [0, 1]  # reported once (rank 0)
+    for job in jobs:
+        assert (job / "train_ddp_process_1.log").exists()  # the second rank trained in the trial's folder
+        cfg = yaml.safe_load((job / "config.yaml").read_text())
+        ckpt = torch.load(job / "checkpoints" / "last.ckpt", weights_only=False)
+        assert ckpt["attnlab"]["config"]["optimizer"]["lr"] == cfg["optimizer"]["lr"]
+        # rank 1 ran the trial's own command (its parameters, as a single run, not a sweep of its own): a rank with
+        # another depth (+model.backbone_kwargs.depth is searched) could not have trained in step with rank 0
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        assert f"optimizer.lr={cfg['optimizer']['lr']}" in " ".join(overrides)

@@ -1,7 +1,8 @@
 """DDP launched from a Hydra app re-executes the script once per extra rank (Lightning appends
 `hydra.run.dir=<run dir>` for the children). In a multirun that command would carry `-m` and the sweep lists,
 and point at hydra.run.dir instead of the job's directory. Before training, point both at the current job, so
-every rank of a job writes into that job's directory: one directory per job, never one per rank."""
+every rank of a job writes into that job's directory: one directory per job, never one per rank, and each rank
+trains the job's own settings (an Optuna trial's parameters are among its overrides)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def pin_subprocess_ranks_to_job() -> None:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return
-    sys.argv = [sys.argv[0], *hc.overrides.task]
+    # hydra.mode=RUN: a config that sets MULTIRUN itself (hparams_search=...) would make each rank a sweep of its own
+    sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]
     readonly = OmegaConf.is_readonly(hc)
     OmegaConf.set_readonly(hc, False)
     with open_dict(hc):
