@@ -1,5 +1,6 @@
-"""Every Lightning internal attnlab uses (attnlab/compat.py) exists in the installed Lightning: a release that moves
-one fails here, by name. What each does for a run is tested through the runs (resume, checkpoints, logging)."""
+"""Every Lightning and torchmetrics internal attnlab uses (attnlab/compat.py) exists in the installed versions: a
+release that moves one fails here, by name. What each does for a run is tested through the runs (resume, checkpoints,
+logging, the memory estimate)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,45 @@ def test_the_internals_compat_uses_exist():
                  "_should_save_on_train_epoch_end"):
         assert callable(getattr(ModelCheckpoint, name)), name
     assert compat.logs_this_step(trainer) in (True, False)
+
+
+def test_the_torchmetrics_internals_compat_uses_exist():
+    import torch
+    from torchmetrics import MeanMetric
+
+    metric = MeanMetric()
+    assert set(compat.metric_defaults(metric)) == {"mean_value", "weight"}
+    state = compat.metric_state(metric)
+    metric.update(torch.tensor(3.0))
+    assert metric._update_count == 1
+    compat.restore_metric_state(metric, state)
+    assert metric._update_count == 0 and state["mean_value"] is metric.mean_value
+
+
+def _metric_private_names() -> set[str]:
+    """The private names of a torchmetrics Metric that an nn.Module does not have."""
+    import torch
+    from torchmetrics import MeanMetric
+
+    module = set(dir(torch.nn.Module()))
+    return {n for n in dir(MeanMetric()) if n.startswith("_") and not n.startswith("__") and n not in module}
+
+
+def test_no_module_but_compat_touches_a_private_torchmetrics_attribute():
+    """`metric._defaults`, `metric._update_count`, ...: the private names of a torchmetrics Metric (those an
+    nn.Module does not have) appear only in compat.py."""
+    private = _metric_private_names()
+    found = []
+    for path in Path(attnlab.__file__).parent.rglob("*.py"):
+        if path.name == "compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.Constant) and node.value in ("_defaults", "_update_count"):
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert found == [], found
+    assert "_defaults" in inspect.getsource(compat) and "_update_count" in inspect.getsource(compat)
 
 
 def test_no_module_but_compat_touches_a_private_lightning_attribute():

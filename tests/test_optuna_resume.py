@@ -4,6 +4,7 @@ trial run again; and the refusals of a study that cannot be continued."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -177,3 +178,25 @@ def test_ddp_trials_of_an_optuna_sweep_train_one_configuration_on_every_rank(tmp
         # another depth (+model.backbone_kwargs.depth is searched) could not have trained in step with rank 0
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
         assert f"optimizer.lr={cfg['optimizer']['lr']}" in " ".join(overrides)
+
+
+def test_parallel_trials_start_as_soon_as_one_ends_with_the_cores_divided(tmp_path, log_env):
+    import optuna
+
+    # seeded: trial 0 trains 60 epochs, trial 1 one epoch, trial 2 60 epochs; two at a time, trial 2 starts when
+    # trial 1 ends, while trial 0 still runs (a batch barrier would wait for trial 0)
+    out = run_cli("train.py", "-m", "hydra/sweeper=optuna", "launcher=local", "hydra.sweeper.n_trials=3",
+                  "hydra.sweeper.n_jobs=2", "hydra.sweeper.direction=maximize", "hydra.sweeper.study_name=par",
+                  "hydra.sweeper.sampler={_target_: optuna.samplers.RandomSampler, seed: 0}",
+                  "trainer.max_epochs=choice(1,60)", "optimized_metric=val/acc_best", "logger=null",
+                  "trainer.limit_train_batches=4", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+                  "extras.print_config=false", "callbacks.progress_bar=null", env=log_env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    study = optuna.load_study(study_name="par", storage=f"sqlite:///{tmp_path}/logs/train/optuna/par.db")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert [t.params["trainer.max_epochs"] for t in study.trials] == [60, 1, 60]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    lineage = {int(p.parent.name): json.loads(p.read_text()) for p in sweep.glob("*/lineage.json")}
+    assert sorted(lineage) == [0, 1, 2]
+    assert lineage[1]["ended"] <= lineage[2]["started"] < lineage[0]["ended"]  # no wait for the batch
+    assert all(r["accelerator"]["torch_threads"] == 1 for r in lineage.values())  # 2 cores shared by 2 trials

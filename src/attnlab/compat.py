@@ -1,13 +1,22 @@
-"""The Lightning internals attnlab relies on, in one place.
+"""The Lightning and torchmetrics internals attnlab relies on, in one place.
 
 Lightning is pinned below its next minor release (pyproject.toml). tests/test_compat.py checks that every name used
-here exists in the installed version, so a release that moves one fails there, by name, instead of deep in a run.
-Nothing else in attnlab touches a private Lightning attribute.
+here exists in the installed versions, so a release that moves one fails there, by name, instead of deep in a run.
+Nothing else in attnlab touches a private Lightning or torchmetrics attribute.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+# ---- Lightning
+def has_trainer(module) -> bool:
+    """Whether a LightningModule is attached to a Trainer (its `trainer` property raises when it is not)."""
+    return module._trainer is not None
 
 
 def logs_this_step(trainer) -> bool:
@@ -38,6 +47,37 @@ def restore_loader_position(trainer) -> None:
         iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
 
 
+@contextlib.contextmanager
+def logging_off(module) -> Iterator[None]:
+    """Run a LightningModule's step outside the trainer: its `log`, `log_dict` and attnlab's `log_train_loss` do
+    nothing meanwhile (they would ask the trainer for its loop state)."""
+    names = [n for n in ("log", "log_dict", "log_train_loss") if callable(getattr(type(module), n, None))]
+    for name in names:
+        setattr(module, name, lambda *a, **k: None)
+    try:
+        yield
+    finally:
+        for name in names:
+            delattr(module, name)  # the class's method again
+
+
+# ---- torchmetrics
+def metric_defaults(metric) -> dict:
+    """A torchmetrics Metric's states as they are after `reset()`, by name."""
+    return dict(metric._defaults)
+
+
+def metric_state(metric) -> dict:
+    """A Metric's states and update count now, for `restore_metric_state`."""
+    return {name: getattr(metric, name) for name in metric._defaults} | {"_update_count": metric._update_count}
+
+
+def restore_metric_state(metric, state: dict) -> None:
+    for name, value in state.items():
+        setattr(metric, name, value)
+
+
+# ---- ModelCheckpoint
 class CheckpointBase(ModelCheckpoint):
     """ModelCheckpoint's internals that attnlab's ModelCheckpoint builds on, under public names."""
 

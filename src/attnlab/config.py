@@ -10,11 +10,11 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from attnlab import settings
 from attnlab.errors import UserError
 
 # the configs: conf/ at the repository's top level in a checkout (and an editable install), attnlab/conf inside an
@@ -23,18 +23,19 @@ _PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
 CONF_DIR = _PACKAGED_CONF if _PACKAGED_CONF.is_dir() else Path(__file__).resolve().parents[2] / "conf"
 
 
-# The keys of a config group's node that are the platform's, not its constructor's: attnlab reads them (the data
-# kinds a model trains on, the metric that names the best checkpoint, the activation checkpointing of its blocks
-# (attnlab.strategies), attnlab's optimizer options, the data's kind).
-# A node that leaves one out gets the default given here (None: none needed), so a user's own LightningModule or
-# LightningDataModule config holds nothing but its constructor's arguments; and before a node is instantiated they
-# are taken off, unless its constructor names them (attnlab's own tasks and data modules take them).
-PLATFORM_KEYS: dict[str, dict[str, Any]] = {
-    "model": {"data_kinds": [], "monitor": "val/loss", "monitor_mode": "min", "compile": False,
-              "activation_checkpointing": False},
-    "optimizer": {"blr": None, "layer_decay": None},
-    "data": {"kind": None, "name": None},
-}
+# the platform keys (their defaults and types: attnlab.settings), added to a node that leaves one out and taken off
+# before it is instantiated unless its constructor names them
+PLATFORM_KEYS = settings.PLATFORM_KEYS
+
+
+# classes that moved, by the `_target_` that configs and checkpoints written before the move name them with
+MOVED_TARGETS = {f"attnlab.data.segmentation.{name}": f"attnlab.data.seg_benchmarks.{name}"
+                 for name in ("ADE20KDataModule", "VOCDataModule")}
+
+
+def current_target(target: str) -> str:
+    """A `_target_` as it is named now (MOVED_TARGETS)."""
+    return MOVED_TARGETS.get(str(target), target)
 
 
 def prepare(cfg: DictConfig) -> None:
@@ -45,7 +46,7 @@ def prepare(cfg: DictConfig) -> None:
 
 
 def apply_platform_defaults(cfg: DictConfig) -> None:
-    """Give each config group's node the platform keys it leaves out (see PLATFORM_KEYS)."""
+    """Give each config group's node the platform keys it leaves out (attnlab.settings)."""
     for group, keys in PLATFORM_KEYS.items():
         node = cfg.get(group)
         if not isinstance(node, DictConfig):

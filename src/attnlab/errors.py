@@ -1,4 +1,15 @@
-"""Errors a user can fix. The entry points print them as one paragraph, without a traceback."""
+"""Errors a user can fix, and the one way they are shown: one paragraph on stderr, no traceback, exit status 2
+(`fail`). The entry points (attnlab.cli.app.run_app) and the command-line tools (data/fetch.py, compare/cli.py)
+all show them through `fail`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# how a UserError raised in a DataLoader worker appears in the error the worker's parent re-raises
+ERROR_MARK = "attnlab.errors.UserError: "
 
 
 class UserError(Exception):
@@ -11,3 +22,26 @@ class SettingError(UserError, ValueError):
 
     def __str__(self) -> str:
         return f"the network's settings (model.* of a run): {super().__str__()}"
+
+
+def user_message(err: BaseException) -> str:
+    """The user-facing paragraph; errors re-raised from DataLoader workers carry the worker's traceback."""
+    msg = str(err)
+    if ERROR_MARK in msg:
+        msg = msg.rsplit(ERROR_MARK, 1)[1]
+    return msg.strip()
+
+
+def fail(e: BaseException) -> None:
+    """The one place a UserError is printed: one paragraph on stderr, no traceback, exit status 2."""
+    msg = user_message(e)
+    print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
+    """Run a check of the command line before Hydra composes; a UserError stops like one raised in a run."""
+    try:
+        check(*args)
+    except UserError as e:
+        fail(e)

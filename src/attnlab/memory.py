@@ -234,8 +234,8 @@ def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | Non
     refuse=false: only the estimate, for preflight=true to report)."""
     from omegaconf import OmegaConf
 
-    from attnlab.cli.builders import check_devices, device_count
-    from attnlab.config import PLATFORM_KEYS
+    from attnlab.devices import check_devices, device_count
+    from attnlab.settings import split_optimizer
 
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return None  # the launching process checked for all of them
@@ -249,9 +249,7 @@ def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | Non
     if cfg.get("optimizer") and cfg.optimizer.get("_target_"):
         from hydra.utils import instantiate
 
-        node = OmegaConf.to_container(cfg.optimizer, resolve=True)
-        for key in PLATFORM_KEYS.get("optimizer", {}):
-            node.pop(key, None)
+        node, _ = split_optimizer(OmegaConf.to_container(cfg.optimizer, resolve=True))
         node["lr"] = node.get("lr") or 1e-3
         factory = instantiate(node | {"_partial_": True})
     try:

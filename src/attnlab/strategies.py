@@ -28,10 +28,11 @@ def block_classes(model: nn.Module) -> set[type[nn.Module]]:
     (`block_classes()`, attnlab.protocols.BlockNetwork), or for a timm network those of timm's own structure
     (attnlab.nn.factory.timm_block_classes). Empty where a network has neither."""
     from attnlab.nn.factory import timm_block_classes
+    from attnlab.protocols.network import declared_blocks
 
-    declared = getattr(model, "block_classes", None)
-    if callable(declared):
-        return set(declared())
+    declared = declared_blocks(model)
+    if declared is not None:
+        return declared
     found = timm_block_classes(model)
     for child in () if found else model.children():
         found |= block_classes(child)
@@ -156,3 +157,25 @@ def checkpoint_activations(model: nn.Module) -> int:
     log.info("activation checkpointing: %d blocks (%s) recompute their activations in the backward pass", wrapped,
              ", ".join(sorted(c.__name__ for c in classes)))
     return wrapped
+
+
+def writes_own_checkpoints(strategy) -> bool:
+    """Whether `trainer.strategy` (a name in Lightning's registry, a `_target_` node or a strategy) shards the
+    checkpoint and writes it itself (FSDP, DeepSpeed): such a strategy gets no atomic checkpoint IO plugin."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy, StrategyRegistry
+
+    if is_fsdp(strategy):
+        return True
+    cls = None
+    if isinstance(strategy, str):
+        cls = StrategyRegistry[strategy.lower()]["strategy"] if strategy.lower() in StrategyRegistry else None
+    elif isinstance(strategy, Strategy):
+        cls = type(strategy)
+    elif strategy is not None and strategy.get("_target_"):
+        from hydra.utils import get_object
+
+        try:
+            cls = get_object(strategy["_target_"])
+        except Exception:  # the trainer's instantiation says what is wrong with it
+            return False
+    return inspect.isclass(cls) and issubclass(cls, (FSDPStrategy, DeepSpeedStrategy))

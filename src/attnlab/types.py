@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from annotated_types import Ge, Gt, Interval
-from pydantic import AfterValidator
+from pydantic import AfterValidator, ConfigDict
+from typing_extensions import TypedDict
 
 PositiveInt = Annotated[int, Ge(1)]
 NonNegativeInt = Annotated[int, Ge(0)]
@@ -38,3 +39,17 @@ def _codec(name: str) -> str:
 
 # the name of a text encoding: utf-8, latin-1, cp1252, ...
 Encoding = Annotated[str, AfterValidator(_codec)]
+
+
+class DecodeSettings(TypedDict, total=False):
+    """Decoding settings (a translation model's `decode`, eval.py's and predict.py's `decode`); None keeps the
+    model's own."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+
+    beam_size: PositiveInt | None          # test and prediction; 1: greedy
+    val_beam_size: NonNegativeInt | None   # validation BLEU; 0 or 1: greedy
+    length_penalty: float | None           # score / length**penalty
+    max_len: PositiveInt | None            # output tokens at most
+    max_len_a: NonNegativeFloat | None     # and at most a x source length + b
+    max_len_b: NonNegativeInt | None

@@ -6,6 +6,8 @@ import time
 
 import lightning as L
 
+from attnlab.protocols import task as task_hooks
+
 
 class Throughput(L.Callback):
     """Throughput over windows of `log_every_n_steps` training batches, data loading included.
@@ -29,10 +31,7 @@ class Throughput(L.Callback):
         # checkpoint fails ("FSDP assumes ...blocks.0.norm1.weight is in the state_dict").
         if stage != "fit":
             return
-        try:
-            self._flops = pl_module.flops_per_sample() if hasattr(pl_module, "flops_per_sample") else None
-        except Exception:  # FLOP counting is best-effort: an exotic backbone must not stop training
-            self._flops = None
+        self._flops = task_hooks.flops_per_sample(pl_module)  # best effort: None when counting fails
 
     def on_train_start(self, trainer, pl_module) -> None:
         from attnlab.utils.flops import device_peak_flops
@@ -46,12 +45,11 @@ class Throughput(L.Callback):
         self._flop_count = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        n = pl_module.batch_size_of(batch) if hasattr(pl_module, "batch_size_of") else _batch_size(batch)
-        self._samples += n
-        if hasattr(pl_module, "tokens_of"):  # an int, or a count on the device read at the window's end
-            self._tokens = self._tokens + pl_module.tokens_of(batch)
+        self._samples += task_hooks.batch_size_of(pl_module, batch)
+        # an int, or a count on the device read at the window's end
+        self._tokens = self._tokens + task_hooks.tokens_of(pl_module, batch)
         if self._flops:  # tasks whose batches vary in shape count each one (`flops_of`)
-            self._flop_count += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else self._flops * n
+            self._flop_count += task_hooks.flops_of(pl_module, batch, self._flops)
         self._batches += 1
         if self._batches < self.every:
             return
@@ -74,9 +72,3 @@ def _wait_for_device(device) -> None:
 
         torch.cuda.synchronize(device)
 
-
-def _batch_size(batch) -> int:
-    """The leading dimension of a batch's first tensor, for a LightningModule that does not say (`batch_size_of`)."""
-    while isinstance(batch, (list, tuple, dict)) and len(batch):
-        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    return int(batch.shape[0]) if hasattr(batch, "shape") and len(batch.shape) else 0

@@ -12,44 +12,27 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.errors import UserError
+# fail, fail_before_hydra and user_message are attnlab.errors', importable here too
+from attnlab.errors import ERROR_MARK, UserError, fail, fail_before_hydra, user_message  # noqa: F401
 
 log = logging.getLogger("attnlab")
 
-_ERROR_MARK = "attnlab.errors.UserError: "
-
-
-def user_message(err: BaseException) -> str:
-    """The user-facing paragraph; errors re-raised from DataLoader workers carry the worker's traceback."""
-    msg = str(err)
-    if _ERROR_MARK in msg:
-        msg = msg.rsplit(_ERROR_MARK, 1)[1]
-    return msg.strip()
-
 
 def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """Run an entry point's work on its composed config: warnings as configured, a UserError (or a fault of the
+    machine, cli/faults.py) shown as one paragraph with exit status 2, and nothing left behind for the next job of a
+    multirun (W&B run, process group)."""
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
         logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     env_before = dict(os.environ)
     try:
-        from attnlab.config import prepare
-
-        prepare(cfg)
-        if "model" in cfg and "data" in cfg:  # refuse an incompatible pair before resolving or building anything
-            from attnlab.config import check_compatible
-
-            check_compatible(cfg)
-        if extras.get("print_config") and _is_rank_zero():
-            from attnlab.utils.rich_config import print_config_tree
-
-            print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.log")
         return fn(cfg)
     except UserError as e:
         fail(e)
     except Exception as e:  # a UserError raised in a DataLoader worker comes back as another type
-        if _ERROR_MARK in str(e):
+        if ERROR_MARK in str(e):
             fail(e)
         from attnlab.cli.faults import explain
 
@@ -60,6 +43,18 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     finally:
         _finish_wandb()
         _reset_distributed(env_before)
+
+
+def begin(cfg: DictConfig) -> None:
+    """What every entry point does first with its composed config: the user's modules imported and the platform
+    keys filled in (attnlab.config.prepare), then the config tree printed where extras.print_config asks."""
+    from attnlab.config import prepare
+
+    prepare(cfg)
+    if (cfg.get("extras") or {}).get("print_config") and _is_rank_zero():
+        from attnlab.utils.rich_config import print_config_tree
+
+        print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.log")
 
 
 def run_process(main: Callable[[], Any]) -> None:
@@ -94,14 +89,6 @@ def run_process(main: Callable[[], Any]) -> None:
         except (OSError, ValueError):  # a closed pipe or stream
             pass
     os._exit(code or 0)
-
-
-def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
-    """Run a check of the command line before Hydra composes; a UserError stops like one raised in a run."""
-    try:
-        check(*args)
-    except UserError as e:
-        fail(e)
 
 
 def null_groups(argv: list[str], conf_dir: Path) -> list[str]:
@@ -139,13 +126,6 @@ def check_output_paths(argv: list[str]) -> None:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise UserError(f"{name}={value} cannot be written: this user may not write in {existing}. Point {name} "
                             "at a folder you can write to.")
-
-
-def fail(e: BaseException) -> None:
-    """The one place a UserError is printed: one paragraph on stderr, no traceback, exit status 2."""
-    msg = user_message(e)
-    print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(2)
 
 
 def _is_rank_zero() -> bool:

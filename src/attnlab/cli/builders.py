@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -14,9 +16,12 @@ from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.checkpoints import newest_last, read_checkpoint
-from attnlab.config import constructor_kwargs, import_user_modules, named_parameters
-from attnlab.data.info import DataInfo
+from attnlab.config import constructor_kwargs, current_target, import_user_modules, named_parameters
+from attnlab.devices import check_devices, device_count
 from attnlab.errors import UserError
+from attnlab.protocols import data as data_hooks
+from attnlab.protocols import task as task_hooks
+from attnlab.settings import RunSettings, split_optimizer
 
 log = logging.getLogger("attnlab")
 
@@ -42,14 +47,13 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
     cls = _target_class(node.pop("_target_", None), "data")
     kwargs, _ = constructor_kwargs("data", node, cls)
     dm = instantiate({"_target_": f"{cls.__module__}.{cls.__qualname__}", **kwargs}, _convert_="all")
-    if tokenizer is not None and callable(getattr(dm, "use_tokenizer", None)):
-        dm.use_tokenizer(tokenizer)  # the tokenizer of the weights the run starts from
+    data_hooks.use_tokenizer(dm, tokenizer)  # the tokenizer of the weights the run starts from
     if prepare:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             dm.prepare_data()
         dm.setup("fit")
     with open_dict(data_cfg):
-        for key, value in data_info(dm).sizes().items():
+        for key, value in data_hooks.info(dm).sizes().items():
             data_cfg[key] = value
     return dm
 
@@ -61,17 +65,16 @@ def init_tokenizer(cfg: DictConfig) -> str | None:
     target = (cfg.get("model") or {}).get("_target_")
     if not init_from or not target:
         return None
-    reader = getattr(_target_class(target, "model"), "init_tokenizer", None)
-    return reader(str(init_from)) if callable(reader) else None
+    return task_hooks.init_tokenizer(_target_class(target, "model"), str(init_from))
 
 
 def init_settings(cfg: DictConfig, task_cls: type) -> dict:
     """The network settings the weights `model.init_from` names fix (the task's `init_settings`: e.g. the sizes in
     an hf:<...> folder's config.json), written into cfg.model too, so the run's config.yaml says what was built."""
-    init_from, reader = cfg.model.get("init_from"), getattr(task_cls, "init_settings", None)
-    if not init_from or not callable(reader):
+    init_from = cfg.model.get("init_from")
+    if not init_from:
         return {}
-    settings = reader(str(init_from))
+    settings = task_hooks.init_settings(task_cls, str(init_from))
     changed = {k: v for k, v in settings.items() if cfg.model.get(k) != v}
     if changed:
         log.info("model.init_from=%s sets %s", init_from, ", ".join(f"model.{k}={v}" for k, v in changed.items()))
@@ -81,19 +84,12 @@ def init_settings(cfg: DictConfig, task_cls: type) -> dict:
     return settings
 
 
-def data_info(dm) -> DataInfo:
-    """What a prepared data module tells the model (attnlab.data.info); a user's LightningDataModule without
-    `info()` tells nothing."""
-    info = getattr(dm, "info", None)
-    return info() if callable(info) else DataInfo(str(getattr(dm, "kind", "")))
-
-
 def _target_class(target: str | None, group: str) -> type:
     if not target:
         raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
                         "mypkg.module.ClassName), or pick one of attnlab's configs.")
     try:
-        return get_class(target)
+        return get_class(current_target(target))
     except Exception as e:
         raise UserError(
             f"{group}._target_={target} cannot be imported ({e.__cause__ or e}). Check the dotted path; the package "
@@ -118,13 +114,14 @@ def build_task(cfg: DictConfig, dm) -> Any:
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
     takes = named_parameters(task_cls)
     # the data's objects (tokenizers, class names, ...) for the parameters the task names and the config leaves empty
-    kwargs |= {k: v for k, v in data_info(dm).task_arguments().items() if k in takes and kwargs.get(k) is None}
+    info = data_hooks.info(dm)
+    kwargs |= {k: v for k, v in info.task_arguments().items() if k in takes and kwargs.get(k) is None}
     if issubclass(task_cls, BaseTask):
-        task = check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), dm)
+        task = task_hooks.check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), info)
         return strategies.checkpointed(cfg, task)
     if optimizer and "optimizer" in takes:
-        opt_kwargs, platform = constructor_kwargs("optimizer", optimizer, object)
-        used = {k: v for k, v in platform.items() if v is not None}
+        opt_kwargs, options = split_optimizer(optimizer)
+        used = {k: v for k, v in dataclasses.asdict(options).items() if v is not None}
         if used:
             raise UserError(
                 f"{', '.join(f'optimizer.{k}={v}' for k, v in used.items())}: attnlab's tasks apply these, but "
@@ -138,42 +135,40 @@ def build_task(cfg: DictConfig, dm) -> Any:
                                                      **kwargs}, _convert_="all"))
 
 
-def check_data(task, dm):
-    """The task's own check of the data it meets (`check_data(info)`, where it has one). -> the task."""
-    check = getattr(task, "check_data", None)
-    if callable(check):
-        check(data_info(dm))
-    return task
-
-
 def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
     if not has_logger:  # nothing to monitor the learning rate into (logger=null, debug presets, sweeps)
-        callbacks = [c for c in callbacks if type(c).__name__ != "LearningRateMonitor"]
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     return callbacks
 
 
 def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None, resuming: bool = False) -> list:
-    """The loggers of cfg.logger; a resumed run continues its W&B run and appends to its metrics.csv."""
+    """The loggers of cfg.logger; a resumed run continues its W&B run and appends to its metrics.csv: a logger
+    factory that takes `resume_id` (attnlab.loggers.wandb_logger) gets the run's W&B id, one that takes `append`
+    (attnlab.loggers.csv_logger) appends when the run resumes."""
     loggers = []
     for lg in (cfg.get("logger") or {}).values():
         if lg is None or "_target_" not in lg:
             continue
-        extra = {"resume_id": wandb_resume_id} if lg._target_.endswith("wandb_logger") and wandb_resume_id else {}
-        if lg._target_.endswith("csv_logger"):
+        takes = _parameters(lg._target_)
+        extra = {"resume_id": wandb_resume_id} if "resume_id" in takes and wandb_resume_id else {}
+        if "append" in takes:
             extra["append"] = resuming
         loggers.append(instantiate(lg, **extra))
     return loggers
 
 
-def device_count(trainer_cfg) -> int:
-    devices, accel = trainer_cfg.get("devices", 1), trainer_cfg.get("accelerator", "auto")
-    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
-        return len(devices)
-    if devices in ("auto", -1, "-1"):
-        gpus = torch.cuda.device_count() if accel in ("gpu", "cuda", "auto") else 0
-        return gpus or 1
-    return int(devices)
+def _parameters(target: str) -> set[str]:
+    """The parameters a `_target_` names (a class's constructor's, a function's); empty when it cannot be read."""
+    from hydra.utils import get_object
+
+    try:
+        fn = get_object(target)
+        return named_parameters(fn) if inspect.isclass(fn) else set(inspect.signature(fn).parameters)
+    except Exception:  # the instantiation says what is wrong with it
+        return set()
 
 
 def accumulation_for(global_batch_size: int, batch_size: int, devices: int, nodes: int) -> int:
@@ -186,34 +181,6 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
             "data.batch_size (the per-device batch)."
         )
     return global_batch_size // per_step
-
-
-def check_devices(trainer_cfg) -> None:
-    """Refuse a GPU request this machine cannot serve, before Lightning fails somewhere deeper."""
-    accel, devices = str(trainer_cfg.get("accelerator", "auto")), trainer_cfg.get("devices", 1)
-    precision = str(trainer_cfg.get("precision", "32-true"))
-    on_cpu = accel == "cpu" or (accel == "auto" and not torch.cuda.is_available())
-    if on_cpu and precision.startswith("16"):
-        raise UserError(f"trainer.precision={precision} (float16) needs a GPU; this run is on the CPU, where "
-                        "Lightning would switch to bf16-mixed, hundreds of times slower than 32-true on most CPUs. "
-                        "Use trainer.precision=32-true on the CPU.")
-    if on_cpu and precision.startswith("bf16"):
-        log.warning("trainer.precision=%s on the CPU: most CPUs run bfloat16 far slower than float32 "
-                    "(trainer.precision=32-true)", precision)
-    if accel not in ("gpu", "cuda"):
-        return
-    available = torch.cuda.device_count()
-    if available == 0:
-        raise UserError(
-            f"trainer.accelerator={accel} asks for a CUDA GPU, but this machine has none visible to PyTorch. "
-            "Use trainer=cpu (or trainer=ddp_cpu for multi-process DDP on CPU), or check CUDA_VISIBLE_DEVICES and "
-            "the installed torch build."
-        )
-    if isinstance(devices, int) and devices > available:
-        raise UserError(
-            f"trainer.devices={devices} but this machine has {available} GPU(s). Set trainer.devices to at most "
-            f"{available} (or trainer.devices=auto for all of them)."
-        )
 
 
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
@@ -235,7 +202,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
     from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 
-    from attnlab.strategies import activation_checkpointing, fsdp_strategy
+    from attnlab.strategies import activation_checkpointing, fsdp_strategy, writes_own_checkpoints
 
     extra = {}
     # callbacks.progress_bar=null / callbacks.model_checkpoint=null mean none, not Lightning's default one
@@ -250,8 +217,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
         with open_dict(trainer_cfg):
             del trainer_cfg["strategy"]
         extra["strategy"] = sharded
-    target = str(strategy if isinstance(strategy, str) else strategy.get("_target_", "")).lower()
-    if not trainer_cfg.get("plugins") and "fsdp" not in target and "deepspeed" not in target:  # sharded: own IO
+    if not trainer_cfg.get("plugins") and not writes_own_checkpoints(strategy):  # sharded: own IO
         from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 
         extra["plugins"] = [AtomicCheckpointIO()]
@@ -299,7 +265,7 @@ def checkpoint_in_run_dir(cfg: DictConfig) -> str | None:
     last = Path(ckpt_cfg.get("dirpath") or Path(cfg.paths.output_dir) / "checkpoints") / "last.ckpt"
     if not last.is_file():
         return None
-    if not cfg.get("resume", True):
+    if not RunSettings.of(cfg).resume:
         log.warning("resume=false: starting over in %s; its checkpoints will be replaced", last.parents[1])
         return None
     log.info("resuming from %s: this run directory holds an earlier run of it (resume=false starts over)", last)
@@ -313,7 +279,7 @@ def read_run_metadata(ckpt_path: str) -> dict:
     if not meta:
         raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "
                         "give a checkpoint from <run dir>/checkpoints/.")
-    shapes = {k: tuple(v.shape) for k, v in (ckpt.get("state_dict") or {}).items() if hasattr(v, "shape")}
+    shapes = {k: tuple(v.shape) for k, v in (ckpt.get("state_dict") or {}).items() if isinstance(v, torch.Tensor)}
     return dict(meta) | {"global_step": ckpt.get("global_step"), "shapes": shapes}
 
 

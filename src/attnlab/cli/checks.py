@@ -10,10 +10,10 @@ All problems are reported together, in one paragraph each, with the key, the val
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import inspect
+import types
 import typing
 from typing import Any
 
@@ -21,29 +21,15 @@ import typing_extensions
 from annotated_types import Ge, Interval
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from attnlab.config import PLATFORM_KEYS, named_parameters
+from attnlab.config import named_parameters
 from attnlab.errors import UserError
-from attnlab.nn.decoding import DecodeSettings
+from attnlab.protocols import task as task_hooks
+from attnlab.settings import PLATFORM_KEYS, RunSettings, platform_hints, split_optimizer
 from attnlab.types import Fraction, MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, UnitInterval
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
 _BASES = ("lightning.", "torch.nn.modules.module")  # bases whose **kwargs end the parameters a class names
-
-
-@dataclasses.dataclass
-class RunSettings:
-    """The entry configs' own top-level keys (train.yaml, eval.yaml), checked like a constructor's."""
-
-    seed: typing.Annotated[int, Interval(ge=0, le=2**32 - 1)] = 42  # numpy's seed range
-    train: bool = True
-    test: bool = True
-    resume: bool = True
-    global_batch_size: PositiveInt | None = None
-    task_name: str = "train"
-    optimized_metric: str | None = None
-    split: typing.Literal["test", "val"] = "test"
-    decode: DecodeSettings | None = None
 
 
 class TrainerRanges(typing_extensions.TypedDict, total=False):
@@ -80,9 +66,6 @@ class OptimizerRanges(typing_extensions.TypedDict, total=False):
     weight_decay: NonNegativeFloat
     eps: PositiveFloat
 
-
-# the types of the platform keys (attnlab.config.PLATFORM_KEYS), checked where a constructor does not take the key
-PLATFORM_HINTS: dict[str, dict[str, Any]] = {"model": {"compile": bool, "activation_checkpointing": bool}}
 
 # extra hints for constructors attnlab does not own, by `_target_`
 EXTRA_HINTS = {"lightning.pytorch.Trainer": TrainerRanges, "lightning.Trainer": TrainerRanges,
@@ -123,7 +106,9 @@ def _target_nodes(cfg: DictConfig, prefix: str = ""):
 def _target(target: str):
     from hydra.utils import get_object
 
-    return get_object(target)
+    from attnlab.config import current_target
+
+    return get_object(current_target(target))
 
 
 def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:
@@ -143,8 +128,7 @@ def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[s
                 hints[name] = init_hints.get(name, inspect.Parameter.empty)
         return sig
 
-    net_settings = getattr(fn, "net_settings", None)
-    network = net_settings(settings) if callable(net_settings) else {}
+    network = task_hooks.net_settings(fn, settings)
     for klass in inspect.getmro(fn):
         init = klass.__dict__.get("__init__")
         if init is None or klass is object:
@@ -194,7 +178,7 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
         if key.startswith("_"):
             continue
         if key in platform - taken:
-            hint = PLATFORM_HINTS.get(group, {}).get(key, inspect.Parameter.empty)
+            hint = platform_hints(group).get(key, inspect.Parameter.empty)
             problems += [p for p in [_check_value(path, key, node, hint)] if p]
             continue
         if key not in params:
@@ -326,7 +310,7 @@ def _type_name(hint) -> str:
         return f"{_type_name(args[0])} {' and '.join(limits)}".strip()
     if origin is typing.Literal:
         return "one of " + ", ".join(map(repr, args))
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         literals = [repr(a) for arg in args for a in typing.get_args(arg) if typing.get_origin(arg) is typing.Literal]
         others = [_type_name(a) for a in args if typing.get_origin(a) is not typing.Literal]
         return " or ".join(([f"one of {', '.join(literals)}"] if literals else []) + others)
@@ -342,8 +326,8 @@ def _try_build(cfg: DictConfig, path: str) -> list[str]:
     from hydra.utils import instantiate
 
     node = OmegaConf.to_container(cfg[path], resolve=True)
-    for key in PLATFORM_KEYS.get(path, {}):
-        node.pop(key, None)
+    if path == "optimizer":
+        node, _ = split_optimizer(node)
     if path == "optimizer" and node.get("lr") is None:
         node["lr"] = 1e-3  # from optimizer.blr, known once the batch size is
     param = torch.nn.Parameter(torch.zeros(1))

@@ -23,7 +23,8 @@ def _main(cfg: DictConfig) -> dict | None:
 def main() -> dict | None:
     import sys
 
-    from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+    from attnlab.cli.app import check_output_paths, null_groups
+    from attnlab.errors import fail_before_hydra
     from attnlab.cli.hydra_errors import check_composes
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
@@ -44,32 +45,38 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from attnlab.cli import builders
-    from attnlab.errors import UserError
-
+    from attnlab.cli.app import begin
     from attnlab.cli.checks import check_config
+    from attnlab.errors import UserError
+    from attnlab.protocols import data as data_hooks
+    from attnlab.protocols import task as task_hooks
+    from attnlab.settings import RunSettings
 
     log = logging.getLogger("attnlab")
+    begin(cfg)
     check_config(cfg)  # the split, the trainer's and loggers' settings
+    run = RunSettings.of(cfg)
     ckpt = builders.required_checkpoint(cfg, "eval.py")
     meta = builders.read_run_metadata(ckpt)
     run_cfg = OmegaConf.create(meta["config"])
-    L.seed_everything(run_cfg.get("seed", cfg.seed), workers=True)
+    L.seed_everything(RunSettings.of(run_cfg).seed if "seed" in run_cfg else run.seed, workers=True)
     data_cfg = OmegaConf.merge(run_cfg.data, cfg.get("data") or {})
     dm = builders.build_datamodule(data_cfg)
-    model = builders.check_data(builders.load_task(ckpt, meta), dm)
-    decode = {k: v for k, v in dict(cfg.get("decode") or {}).items() if v is not None}
-    if decode and not hasattr(model, "decode_cfg"):
+    model = task_hooks.check_data(builders.load_task(ckpt, meta), data_hooks.info(dm))
+    decode = {k: v for k, v in (run.decode or {}).items() if v is not None}
+    settings = task_hooks.decode_settings(model)
+    if decode and settings is None:
         raise UserError(f"decode.* settings ({', '.join(decode)}) are for translation checkpoints; this one is a "
                         f"{type(model).__name__}: leave them out.")
     if decode:
-        model.decode_cfg |= decode
+        settings |= decode
     trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg), model)
-    run = trainer.test if cfg.split == "test" else trainer.validate
-    metrics = {k: float(v) for k, v in run(model, datamodule=dm, verbose=True)[0].items()
+    evaluate_on = trainer.test if run.split == "test" else trainer.validate
+    metrics = {k: float(v) for k, v in evaluate_on(model, datamodule=dm, verbose=True)[0].items()
                if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint
     out = Path(cfg.paths.output_dir)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
-    log.info("evaluated %s on the %s split: %s (written to %s)", ckpt, cfg.split,
+    log.info("evaluated %s on the %s split: %s (written to %s)", ckpt, run.split,
              ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())), out / "metrics.json")
     return metrics
 

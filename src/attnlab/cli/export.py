@@ -36,7 +36,8 @@ def _main(cfg: DictConfig):
 def main():
     import sys
 
-    from attnlab.cli.app import check_output_paths, fail_before_hydra
+    from attnlab.cli.app import check_output_paths
+    from attnlab.errors import fail_before_hydra
     from attnlab.cli.hydra_errors import check_composes
 
     fail_before_hydra(check_output_paths, sys.argv[1:])
@@ -47,21 +48,23 @@ def main():
 def export(cfg: DictConfig) -> Path:
     import inspect
 
-    import torch
     from safetensors.torch import save_model
 
     from attnlab.cli import builders
+    from attnlab.cli.app import begin
     from attnlab.errors import UserError
     from attnlab.nn.registry import network_settings
+    from attnlab.protocols import task as task_hooks
 
+    begin(cfg)
     fmt = str(cfg.get("format"))
     if fmt not in FORMATS:
         raise UserError(f"format={fmt} is not an export format attnlab writes: use {' or '.join(FORMATS)}.")
     ckpt = builders.required_checkpoint(cfg, "export.py")
     meta = builders.read_run_metadata(ckpt)
     model = builders.load_task(ckpt, meta)
-    net = getattr(model, "net", None)
-    if not isinstance(net, torch.nn.Module):
+    net = task_hooks.network(model)
+    if net is None:
         raise UserError(f"export.py writes a task's network (its `net` attribute); {type(model).__qualname__} has "
                         "none. Keep the network in `self.net`, or export the checkpoint's state_dict yourself.")
     hparams = dict(model.hparams)
@@ -84,14 +87,10 @@ def export(cfg: DictConfig) -> Path:
     config = {"task": meta["config"]["model"]["_target_"], "net": name, "settings": _jsonable(settings)}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     written = [out / "model.safetensors", out / "config.json"]
-    tokenizers = getattr(model, "tokenizer_json", None)
-    named = ({"tokenizer": tokenizers} if isinstance(tokenizers, str)
-             else dict(zip(("src_tokenizer", "tgt_tokenizer"), tokenizers or ())))
-    for key, text in named.items():
-        if text:
-            data = json.loads(text)
-            (out / f"{key}.json").write_text(json.dumps(data.get("tokenizer", data)))
-            written.append(out / f"{key}.json")
+    for key, text in task_hooks.tokenizers(model).items():
+        data = json.loads(text)
+        (out / f"{key}.json").write_text(json.dumps(data.get("tokenizer", data)))
+        written.append(out / f"{key}.json")
     print(f"exported {ckpt} ({type(net).__name__}, {sum(p.numel() for p in net.parameters()):,} parameters): "
           + ", ".join(str(p) for p in written), flush=True)
     return out

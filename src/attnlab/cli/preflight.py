@@ -22,6 +22,10 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from omegaconf import DictConfig, open_dict
 
+from attnlab.protocols import data as data_hooks
+from attnlab.protocols import task as task_hooks
+from attnlab.settings import RunSettings
+
 log = logging.getLogger("attnlab")
 WARMUP = 2  # batches before the clock starts: allocator, cudnn autotuning, torch.compile
 
@@ -50,12 +54,11 @@ class StepTimer(L.Callback):
         self._seen += 1
         if self._seen > WARMUP and self._last is not None:
             self.batch_s.append(now - self._last)
-            n = pl_module.batch_size_of(batch) if hasattr(pl_module, "batch_size_of") else _leading(batch)
+            n = task_hooks.batch_size_of(pl_module, batch)
             self.samples += n
-            self.tokens += pl_module.tokens_of(batch) if hasattr(pl_module, "tokens_of") else 0
+            self.tokens += task_hooks.tokens_of(pl_module, batch)
             if self.flops_per_sample:
-                self.flops += pl_module.flops_of(batch) if hasattr(pl_module, "flops_of") else \
-                    self.flops_per_sample * n
+                self.flops += task_hooks.flops_of(pl_module, batch, self.flops_per_sample)
         self._last = now
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
@@ -63,12 +66,6 @@ class StepTimer(L.Callback):
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self.val_s.append(self._now(pl_module) - self._val_start)
-
-
-def _leading(batch) -> int:
-    while isinstance(batch, (list, tuple, dict)) and len(batch):
-        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.ndim else 1
 
 
 @dataclass
@@ -156,8 +153,8 @@ def _run_seconds(cfg: DictConfig, dm, train_batches: int, batch_s: float, val_ba
             passes = int(epochs // int(every or 1)) * per if every else int(epochs) * per
             passes = max(passes, 1)
         parts["validation"] = passes * n_val * val_batch_s
-        if cfg.get("test", True) and not getattr(dm, "test_is_validation", False):
-            n_test = _loader_len(dm.test_dataloader()) if hasattr(dm, "test_dataloader") else 0
+        if RunSettings.of(cfg).test and not data_hooks.test_is_validation(dm):
+            n_test = _loader_len(dm.test_dataloader())
             parts["test"] = _limited(n_test, t.get("limit_test_batches")) * val_batch_s if n_test else 0.0
     return sum(parts.values()), parts
 
@@ -184,14 +181,6 @@ def _largest_batch_estimated(est, batch_size: int) -> int | None:
 
 def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
-
-
-def _training_samples(dm) -> int | None:
-    """The size of the training split, which no batch can exceed; None when the data module does not say."""
-    try:
-        return len(dm.train_set)
-    except (AttributeError, TypeError):
-        return None
 
 
 def _largest_batch_gpu(trainer_factory, model, dm, start: int, trials: int = SEARCH_TRIALS,
@@ -228,22 +217,15 @@ def _largest_batch_gpu(trainer_factory, model, dm, start: int, trials: int = SEA
 
 
 # ---- the preflight
-def _flops(model) -> float | None:
-    try:
-        return model.flops_per_sample() if hasattr(model, "flops_per_sample") else None
-    except Exception:  # best effort, as for perf/mfu
-        return None
-
-
 def preflight(cfg: DictConfig, model, dm) -> None:
     from attnlab.cli import builders
     from attnlab.memory import check_run_memory, peak_memory
     from attnlab.utils.flops import device_peak_flops
 
-    steps = max(1, int(cfg.get("preflight_steps") or 10))
+    steps = RunSettings.of(cfg).preflight_steps
     estimate = check_run_memory(cfg, model, dm, refuse=False)
     params = builders.count_parameters(model)
-    timer = StepTimer(_flops(model))
+    timer = StepTimer(task_hooks.flops_per_sample(model))
 
     def trainer_factory(max_steps: int, callbacks=()):
         run = cfg.copy()
@@ -254,7 +236,7 @@ def preflight(cfg: DictConfig, model, dm) -> None:
         return builders.build_trainer(run, list(callbacks), [], model)
 
     report = Report(params=params["model/params_total"], device="")
-    report.estimate, report.available = estimate, getattr(estimate, "available", None)
+    report.estimate, report.available = estimate, estimate.available if estimate is not None else None
     fits = estimate is None or not estimate.available or estimate.total <= estimate.available
     trainer = None
     if fits:
@@ -278,11 +260,11 @@ def preflight(cfg: DictConfig, model, dm) -> None:
         report.peak = peak_memory(device)
     else:
         report.skipped = "not run: the estimate exceeds what the machine has"
-    bs = int(cfg.data.get("batch_size") or dm.batch_size)
+    bs = int(cfg.data.get("batch_size") or data_hooks.batch_size(dm) or 1)
     report.max_batch = _largest_batch_estimated(estimate, bs)
     report.max_batch_how = "from the memory estimate" + (f" for each of {trainer.world_size} processes"
                                                           if trainer is not None and trainer.world_size > 1 else "")
-    limit = _training_samples(dm)
+    limit = data_hooks.training_samples(dm)
     one_gpu = trainer is not None and isinstance(trainer.strategy, SingleDeviceStrategy)
     if one_gpu and trainer.strategy.root_device.type == "cuda":  # several processes: the estimate alone
         start = report.max_batch or bs

@@ -1,9 +1,20 @@
-"""python train.py [group=option ...] [key=value ...]  — see README.md for the grammar."""
+"""python train.py [group=option ...] [key=value ...]  — see README.md for the grammar.
+
+The training run from the command line to `Trainer.fit`, top to bottom. `train.py`, `attnlab-train` and
+`python -m attnlab.train` all call `run()`:
+
+1. `run()`: the whole process (`main()`, then the end of the process without the interpreter's teardown).
+2. `main()`: the command line checked before Hydra (plugins installed, output folders writable; `group=null`
+   becomes Hydra's `~group`), then Hydra composes `conf/train.yaml` and calls `_compose`.
+3. `_compose(cfg)`: `run_app` runs `train(cfg)`, showing a UserError as one paragraph.
+4. `train(cfg)`: the config prepared and checked once (nothing is read or built before it passes), the data module
+   and the task built, the memory estimate, the Trainer: fit, test, report.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
-from functools import partial
 
 import hydra
 from omegaconf import DictConfig
@@ -12,31 +23,133 @@ from attnlab.cli.app import run_process
 from attnlab.config import CONF_DIR, register_resolvers
 
 register_resolvers()
+log = logging.getLogger("attnlab")
+
+
+def run() -> None:
+    """The `train.py` script, the `attnlab-train` command and `python -m attnlab.train`."""
+    run_process(main)
+
+
+def main() -> float | None:
+    from attnlab.cli.app import check_output_paths, null_groups
+    from attnlab.cli.hydra_errors import check_composes
+    from attnlab.cli.plugins import check_plugins
+    from attnlab.errors import fail_before_hydra
+
+    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
+    fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
+    fail_before_hydra(check_output_paths, sys.argv[1:])
+    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train")  # attnlab's paragraph, not Hydra's
+    return _compose()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def _main(cfg: DictConfig) -> float | None:
+def _compose(cfg: DictConfig) -> float | None:
     from attnlab.cli.app import run_app
-    from attnlab.cli.training import train
 
     return run_app(train, cfg)
 
 
-def main() -> float | None:
-    from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
-    from attnlab.cli.hydra_errors import check_composes
+def train(cfg: DictConfig) -> float | None:
+    """Check, build, fit, test, report. -> the run's `optimized_metric` (for sweepers), None when it has none."""
+    from pathlib import Path
 
-    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
-    from attnlab.cli.plugins import check_plugins
+    from omegaconf import OmegaConf
 
-    fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
-    fail_before_hydra(check_output_paths, sys.argv[1:])
-    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train")  # attnlab's paragraph, not Hydra's
-    return _main()
+    from attnlab.cli.app import begin
+    from attnlab.cli.checks import check_config
+    from attnlab.config import check_compatible, check_schedule_keys
+    from attnlab.errors import UserError
+    from attnlab.settings import RunSettings
 
+    # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
+    begin(cfg)
+    check_compatible(cfg)  # a model/data pair of other kinds
+    check_schedule_keys(cfg)
+    check_config(cfg)  # every constructor's keys, types and ranges
+    run = RunSettings.of(cfg)
 
-# the `train.py` script and the `attnlab-train` command: main(), then the process ends without teardown
-run = partial(run_process, main)
+    import lightning as L
+
+    from attnlab.callbacks.resume import ResumeDataPosition
+    from attnlab.callbacks.run_metadata import RunMetadata
+    from attnlab.callbacks.signals import SignalGuard
+    from attnlab.cli import builders, report
+    from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
+    from attnlab.protocols import data as data_hooks
+
+    L.seed_everything(run.seed, workers=True)
+    out_dir = Path(cfg.paths.output_dir)
+
+    # ---- the checkpoint the run continues (ckpt_path=, or its own run directory's) or tests (train=false)
+    ckpt_path = builders.resolve_checkpoint(run.ckpt_path, cfg.paths.log_dir, run.task_name)
+    if not run.train and not ckpt_path:
+        raise UserError("train=false tests a trained model, but no ckpt_path was given: add "
+                        "ckpt_path=<run dir>/checkpoints/best.ckpt (or ckpt_path=last), or drop train=false.")
+    in_run_dir = not ckpt_path and run.train and builders.checkpoint_in_run_dir(cfg)
+    ckpt_path = ckpt_path or in_run_dir or None
+    meta, estimate = {}, None
+    if ckpt_path:
+        meta = builders.read_run_metadata(ckpt_path)
+        builders.check_same_task(meta, cfg.model._target_, ckpt_path, run_dir=bool(in_run_dir))
+
+    # ---- the data, then the task (its sizes from the data's info)
+    dm = builders.build_datamodule(cfg.data, tokenizer=builders.init_tokenizer(cfg))
+    model = builders.build_task(cfg, dm)
+    if run.preflight:  # time a few steps, print what the run will cost, write nothing
+        from attnlab.cli.preflight import preflight
+
+        return preflight(cfg, model, dm)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if in_run_dir:
+        builders.check_same_model(meta, resolved["model"], ckpt_path)
+    elif ckpt_path:
+        builders.check_resumable(meta, model, resolved.get("optimizer"), ckpt_path)
+    if run.train:
+        from attnlab.memory import check_run_memory
+
+        estimate = check_run_memory(cfg, model, dm)  # refuse a run too large for the machine before it starts
+    from attnlab.cli.app import save_resolved_config
+
+    save_resolved_config(cfg, out_dir / "config.yaml")
+
+    # ---- loggers, callbacks, the Trainer
+    loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
+    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition(),
+                                                                              SignalGuard()]
+    pin_subprocess_ranks_to_job()
+    trainer = builders.build_trainer(cfg, callbacks, loggers, model)
+    for lg in loggers:
+        lg.log_hyperparams(resolved | builders.count_parameters(model))
+
+    # ---- fit
+    if run.train:
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=False)  # see builders.load_task
+        if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
+            return report.finished_already(cfg, out_dir, trainer.global_step)
+    train_metrics = dict(trainer.callback_metrics)
+
+    # ---- test the best checkpoint (or the checkpoint train=false names)
+    test_metrics = {}
+    if run.test and run.train and data_hooks.test_is_validation(dm):
+        log.info("no test pass: the test split of this data is its validation split, whose results (val/*) stand "
+                 "(data.test_files or data.test_fraction give it a test split of its own)")
+    elif run.test:
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not run.train:
+            best = ckpt_path or ""
+        if not best and run.train:
+            log.warning("no checkpoint was saved: testing the weights as they are at the end of training")
+        trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=False)
+        test_metrics = dict(trainer.callback_metrics)
+
+    # ---- report: metrics.json, the summary, a sweep's results.csv row
+    metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
+    report.add_best_of_monitor(cfg, metrics, trainer)
+    if trainer.is_global_zero:
+        report.report(cfg, metrics, trainer, out_dir, estimate)
+    return report.optimized_value(cfg, metrics)
 
 
 if __name__ == "__main__":

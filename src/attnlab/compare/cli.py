@@ -101,7 +101,7 @@ def show_diff(a: str, b: str, console=None) -> list[tuple]:
 
 def main(argv: list[str] | None = None) -> int:
     """Bad input (no runs, an unknown key or metric) stops with one paragraph and exit code 2."""
-    from attnlab.cli.app import fail_before_hydra
+    from attnlab.errors import fail_before_hydra
 
     args = parser().parse_args(argv)
     if not args.diff and not args.runs:

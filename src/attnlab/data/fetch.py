@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true",
                         help="lay out again even what is complete (a file in place whose sha256 matches is kept)")
     args = parser.parse_args(argv)
-    from attnlab.cli.app import fail_before_hydra
+    from attnlab.errors import fail_before_hydra
 
     fail_before_hydra(fetch, args.names, args.data_dir, args.force)
 

@@ -371,11 +371,3 @@ class MembraneDataModule(SegFolderDataModule):
         return tuple(self._dataset([pairs[i] for i in idx]) for idx in
                      ([int(p[0].stem) for p in train], self.val_slices, self.test_slices))
 
-
-def __getattr__(name: str):
-    """Configs and checkpoints written before the benchmarks moved to attnlab.data.seg_benchmarks."""
-    if name in ("ADE20KDataModule", "VOCDataModule"):
-        from attnlab.data import seg_benchmarks
-
-        return getattr(seg_benchmarks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

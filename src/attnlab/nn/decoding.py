@@ -5,24 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import ConfigDict
-from typing_extensions import TypedDict
 
-from attnlab.types import NonNegativeFloat, NonNegativeInt, PositiveInt
-
-
-class DecodeSettings(TypedDict, total=False):
-    """Decoding settings (a translation model's `decode`, eval.py's and predict.py's `decode`); None keeps the
-    model's own."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
-
-    beam_size: PositiveInt | None          # test and prediction; 1: greedy
-    val_beam_size: NonNegativeInt | None   # validation BLEU; 0 or 1: greedy
-    length_penalty: float | None           # score / length**penalty
-    max_len: PositiveInt | None            # output tokens at most
-    max_len_a: NonNegativeFloat | None     # and at most a x source length + b
-    max_len_b: NonNegativeInt | None
+from attnlab.types import DecodeSettings  # noqa: F401 - the settings of decoding, declared with the other value types
 
 
 def _ban(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """What the platform may call on a network (the `nn.Module` a task builds with `model.net`, attnlab's or a user's).
 
-Every hook is optional: the platform looks for it by name and does without it where a network has none.
+Every hook is optional: the platform does without it where a network has none.
 
 - `block_classes() -> set[type[nn.Module]]` (`BlockNetwork` below): the types of the network's repeated blocks.
   `attnlab.strategies` wraps each block as its own FSDP unit under `trainer=fsdp`, and recomputes each block's
@@ -29,3 +29,8 @@ class BlockNetwork(Protocol):
         checkpointing. Its forward must take and return tensors only through its arguments and result (no state
         kept between calls in training), as a Transformer block's does."""
         ...
+
+
+def declared_blocks(net: object) -> set[type[nn.Module]] | None:
+    """The block types `net` declares (`BlockNetwork`); None when it declares none."""
+    return set(net.block_classes()) if isinstance(net, BlockNetwork) else None

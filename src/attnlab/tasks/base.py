@@ -13,18 +13,20 @@ from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
-from attnlab.compat import logs_this_step
+from attnlab.compat import has_trainer, logs_this_step, metric_defaults
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
 from attnlab.nn.registry import network_settings
 from attnlab.optim.param_groups import param_groups
+from attnlab.protocols import data as data_hooks
+from attnlab.settings import split_optimizer
 
 log = logging.getLogger("attnlab")
 
 
 def _initial_loss_mean(task, state_dict, prefix, *args) -> None:
     """A checkpoint written before the running training-loss mean was saved loads with the mean's initial state."""
-    for name, default in task.train_loss_mean._defaults.items():
+    for name, default in metric_defaults(task.train_loss_mean).items():
         state_dict.setdefault(f"{prefix}train_loss_mean.{name}", default.clone())
 
 
@@ -157,22 +159,22 @@ class BaseTask(L.LightningModule):
         if self.optimizer_cfg is None:
             raise ValueError("no optimizer configured: pass optimizer=<config> to the task")
         factory = instantiate(self.optimizer_cfg)
-        keywords = dict(getattr(factory, "keywords", None) or {})
-        # attnlab's own optimizer options, popped before the optimizer sees them
-        layer_decay, blr = keywords.pop("layer_decay", None), keywords.pop("blr", None)
+        # attnlab's own optimizer options (blr, layer_decay), taken off before the optimizer sees them
+        keywords, options = split_optimizer(dict(factory.keywords) if isinstance(factory, functools.partial) else {})
+        layer_decay, blr = options.layer_decay, options.blr
         if blr is not None:
             keywords["lr"] = self.lr_from_blr(blr, keywords.get("lr"))
         elif "lr" in keywords and keywords["lr"] is None:
             raise UserError("optimizer.lr is null: give the learning rate (optimizer.lr=1e-3), or a base rate scaled "
                             "by the batch size (optimizer.blr=1.5e-4, lr = blr x effective batch / 256).")
-        if hasattr(factory, "keywords"):
+        if isinstance(factory, functools.partial):
             on_gpu = self.device.type == "cuda"
             if on_gpu and not {"fused", "foreach"} & keywords.keys() and _takes(factory.func, "fused"):
                 keywords["fused"] = True  # one kernel for the whole update (torch's AdamW/Adam/SGD on CUDA)
             factory = functools.partial(factory.func, *factory.args, **keywords)
         wd = keywords.get("weight_decay", 0.0)
         # the wrapped model (DDP/FSDP) when there is one, so sharded parameters are the ones optimized
-        model = self.trainer.model if self._trainer is not None and self.trainer.model is not None else self
+        model = self.trainer.model if has_trainer(self) and self.trainer.model is not None else self
         optimizer = factory(param_groups(model, wd, layer_decay=layer_decay))
         for group in optimizer.param_groups:  # the schedules scale each group's initial lr, so the scales persist
             group["lr"] = group["lr"] * group.get("lr_scale", 1.0)
@@ -194,7 +196,7 @@ class BaseTask(L.LightningModule):
                 "the lr directly."
             )
         trainer = self.trainer
-        batch = getattr(trainer.datamodule, "batch_size", None)
+        batch = data_hooks.batch_size(trainer.datamodule)
         if batch is None:
             raise UserError("optimizer.blr scales the lr by the batch size, but the data module has no batch_size: "
                             "give optimizer.lr directly (and optimizer.blr=null).")

@@ -58,25 +58,18 @@ def _quiet_step(task):
     or random draws that would stay."""
     from torchmetrics import Metric
 
+    from attnlab.compat import logging_off, metric_state, restore_metric_state
+
     buffers = {name: b.clone() for name, b in task.named_buffers()}
-    saved = {}
-    for m in task.modules():
-        if isinstance(m, Metric):
-            saved[m] = {name: getattr(m, name) for name in m._defaults} | {"_update_count": m._update_count}
-    patched = {name: getattr(task, name) for name in ("log", "log_dict", "log_train_loss") if hasattr(task, name)}
-    for name in patched:
-        setattr(task, name, lambda *a, **k: None)
+    saved = {m: metric_state(m) for m in task.modules() if isinstance(m, Metric)}
     py_state = random.getstate()
     np_state = _numpy_state()
     try:
-        with torch.random.fork_rng(devices=[]):
+        with logging_off(task), torch.random.fork_rng(devices=[]):
             yield
     finally:
-        for name in patched:
-            delattr(task, name)  # the class's method again
         for m, state in saved.items():
-            for name, value in state.items():
-                setattr(m, name, value)
+            restore_metric_state(m, state)
         with torch.no_grad():
             for name, b in task.named_buffers():
                 b.copy_(buffers[name])

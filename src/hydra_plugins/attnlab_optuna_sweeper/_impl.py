@@ -39,6 +39,7 @@ class OptunaSweeperImpl(Sweeper):
         self.storage, self.study_name = storage, study_name
         self.n_trials, self.n_jobs, self.max_failure_rate = n_trials, max(1, n_jobs), max_failure_rate
         self.params = params
+        self.grid_done = False  # a grid sampler has visited every point
         self.pruner = OmegaConf.to_container(pruner, resolve=True) if isinstance(pruner, DictConfig) else pruner
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -168,7 +169,10 @@ class OptunaSweeperImpl(Sweeper):
             from attnlab.callbacks.optuna_pruning import IN_PROCESS
 
             IN_PROCESS[study.study_name] = study
-        while to_go > 0:
+        if self.n_jobs > 1 and type(self.launcher).__name__ != "BasicLauncher":
+            self._run_async(study, space, fixed, url, to_go)
+            to_go = 0
+        while to_go > 0 and not self.grid_done:  # one job at a time in this process (Hydra's basic launcher), or batches of n_jobs
             batch = [study.ask(space) for _ in range(min(self.n_jobs, to_go))]
             overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) + self._trial_env(t, study, url)
                          for t in batch]
@@ -187,6 +191,68 @@ class OptunaSweeperImpl(Sweeper):
             to_go -= len(batch)
         self._save_results(study, where)
 
+    def _run_async(self, study: optuna.Study, space: dict, fixed: dict, url: Optional[str], to_go: int) -> None:
+        """Up to n_jobs trials at once, each launched alone (a submitit job): a new trial is asked for as soon as
+        any one ends, with what the study knows then, so no worker waits for the slowest trial of a batch. Each
+        running trial holds a slot: its own GPU on a machine with several, its share of the CPU cores."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        slots, running, failed, told = list(range(self.n_jobs)), {}, [], 0
+        with ThreadPoolExecutor(self.n_jobs) as pool:
+            try:
+                while to_go > 0 or running:
+                    while to_go > 0 and slots and not failed and not self.grid_done:
+                        trial, slot = study.ask(space), slots.pop(0)
+                        overrides = tuple(f"{k}={v}" for k, v in {**trial.params, **fixed}.items()) \
+                            + self._trial_env(trial, study, url) + self._slot_env(slot)
+                        future = pool.submit(self.launcher.launch, [overrides], initial_job_idx=trial.number)
+                        running[future] = (trial, slot)
+                        to_go -= 1
+                    if not running:
+                        break
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        trial, slot = running.pop(future)
+                        slots.append(slot)
+                        (ret,) = future.result()
+                        told += 1
+                        if self._tell(study, trial, ret):
+                            failed.append(ret)
+                    if failed and len(failed) / told > self.max_failure_rate:
+                        to_go = 0  # launch nothing more; the running trials finish
+            except BaseException:  # SIGTERM, Ctrl-C: the running trials run again next time
+                for trial, _ in running.values():
+                    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+                    study.tell(trial, state=TrialState.FAIL)
+                    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+                raise
+        if failed and len(failed) / max(told, 1) > self.max_failure_rate:
+            failed[0].return_value  # raises the job's own exception, with its traceback
+
+    def _slot_env(self, slot: int) -> tuple[str, ...]:
+        """A running trial's share of this machine: GPU number `slot` where there are several GPUs, else
+        cores / n_jobs threads. A SLURM launcher's jobs get theirs from SLURM."""
+        import os
+
+        if getattr(self.launcher, "_EXECUTOR", "") == "slurm":
+            return ()
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        gpus = visible or [str(i) for i in range(_gpu_count())]
+        if len(gpus) > 1:
+            return (f"++hydra.job.env_set.CUDA_VISIBLE_DEVICES={gpus[slot % len(gpus)]}",)
+        threads = max(1, (os.cpu_count() or 1) // self.n_jobs)
+        return tuple(f"++hydra.job.env_set.{v}={threads}" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+
+    def _record(self, study: optuna.Study, trial: Any, values: Any = None, state: Any = None) -> None:
+        """study.tell; a grid sampler whose grid is complete asks the study to stop (which Optuna allows only
+        inside study.optimize): the trial is recorded all the same, and the sweep launches nothing more."""
+        try:
+            study.tell(trial, values, state=state)
+        except RuntimeError as e:
+            if "Study.stop" not in str(e):
+                raise
+            self.grid_done = True
+
     def _trial_env(self, trial: optuna.Trial, study: optuna.Study, url: Optional[str]) -> tuple[str, ...]:
         """With a pruner: the job's own trial, in its environment (`hydra.job.env_set`, which every launcher applies
         in the job's process), for `attnlab.callbacks.OptunaPruning`."""
@@ -203,7 +269,7 @@ class OptunaSweeperImpl(Sweeper):
     def _pruned(self, study: optuna.Study, trial: optuna.Trial, ret: Any, reason: Exception) -> None:
         """A trial its job stopped for the pruner: PRUNED in the study (its last reported value stands), a row of
         results.csv with its state and step."""
-        study.tell(trial, state=TrialState.PRUNED)
+        self._record(study, trial, state=TrialState.PRUNED)
         frozen = study._storage.get_trial(trial._trial_id)
         step = frozen.last_step
         value = frozen.intermediate_values.get(step) if step is not None else None
@@ -230,9 +296,9 @@ class OptunaSweeperImpl(Sweeper):
             return False
         except Exception as e:  # the job raised, or returned no number
             log.warning(f"Trial {trial.number} failed: {e}")
-            study.tell(trial, state=TrialState.FAIL)
+            self._record(study, trial, state=TrialState.FAIL)
             return True
-        study.tell(trial, values)
+        self._record(study, trial, values)
         return False
 
     def _save_results(self, study: optuna.Study, where: str) -> None:
@@ -248,3 +314,17 @@ class OptunaSweeperImpl(Sweeper):
         out = Path(self.config.hydra.sweep.dir)
         out.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create(results), out / "optimization_results.yaml")
+
+
+def _gpu_count() -> int:
+    """CUDA devices of this machine, without initialising CUDA in the sweeper's process."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))

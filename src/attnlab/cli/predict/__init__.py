@@ -6,7 +6,6 @@ class's `predictor` attribute (a user's own LightningModule)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -44,7 +43,8 @@ def _main(cfg: DictConfig):
 
 
 def main():
-    from attnlab.cli.app import check_output_paths, fail_before_hydra, null_groups
+    from attnlab.cli.app import check_output_paths, null_groups
+    from attnlab.errors import fail_before_hydra
     from attnlab.cli.hydra_errors import check_composes
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
@@ -76,15 +76,18 @@ def predictor_for(task_cls: type) -> Callable:
     """The predict function of a task class: its `predictor` (a dotted path), else attnlab's module of that name."""
     from attnlab.errors import UserError
 
-    path = getattr(task_cls, "predictor", None)
+    from attnlab.protocols import task as task_hooks
+
+    path = task_hooks.predictor(task_cls)
     if path is None and task_cls.__module__.startswith("attnlab.tasks."):
         path = f"{__name__}.{task_cls.__module__.rsplit('.', 1)[1]}.predict"
     if path is None:
         raise UserError(f"predict.py does not know how {task_cls.__qualname__} predicts: give the class a `predictor` "
                         "attribute, the dotted path of a function `predict(model, cfg, run_cfg)` (e.g. "
                         "predictor = \"mypkg.predict.run\"), or use its own code to predict.")
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    from hydra.utils import get_method
+
+    return get_method(path)
 
 
 def predict(cfg: DictConfig):
@@ -94,6 +97,9 @@ def predict(cfg: DictConfig):
     from attnlab.cli import builders
     from attnlab.errors import UserError
 
+    from attnlab.cli.app import begin
+
+    begin(cfg)
     ckpt = builders.required_checkpoint(cfg, "predict.py")
     device = str(cfg.get("device", "auto"))
     if device == "auto":

@@ -1,0 +1,98 @@
+"""What a training run leaves behind: metrics.json, the summary in the log, and a sweep's results.csv row."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig
+
+from attnlab.settings import RunSettings
+
+log = logging.getLogger("attnlab")
+
+
+def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The value train.py returns to sweepers: the run's `optimized_metric`; None when it is missing or NaN."""
+    value = metrics.get(RunSettings.of(cfg).optimized_metric or "")
+    return None if value is None or math.isnan(value) else value
+
+
+def add_best_of_monitor(cfg: DictConfig, metrics: dict[str, float], trainer) -> None:
+    """`<monitor>_best`, which sweepers optimize, for a LightningModule that logs only `<monitor>` (a user's own):
+    the best score the checkpoint callback saw."""
+    key = f"{cfg.model.get('monitor')}_best"
+    ckpt = trainer.checkpoint_callback
+    if key not in metrics and isinstance(ckpt, ModelCheckpoint) and ckpt.best_model_score is not None:
+        metrics[key] = float(ckpt.best_model_score)
+
+
+def finished_already(cfg: DictConfig, out_dir: Path, step: int) -> float | None:
+    """A run started again in the directory of a run that had finished: nothing to do, its results stand."""
+    import json
+
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    log.info("this run directory holds a finished run (step %d): nothing left to train; its results in %s stand "
+             "(resume=false starts over)", step, out_dir / "metrics.json")
+    return optimized_value(cfg, metrics)
+
+
+def report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path, estimate=None) -> None:
+    import json
+
+    from attnlab.memory import GiB, peak_memory
+
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    lines = [f"  {k:<24} {v:.4f}" for k, v in sorted(metrics.items())
+             if k.startswith(("test/", "val/")) and not k.endswith("_step")]
+    ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    device, peak = peak_memory(trainer.strategy.root_device)
+    lines.append(f"  peak memory ({device})      {peak / GiB:.2f} GiB"
+                 + (f" (estimated at start: {estimate.total / GiB:.2f} GiB)" if estimate is not None else ""))
+    summary = "\n".join([f"Results of {RunSettings.of(cfg).task_name}:", *lines, f"  run directory: {out_dir}"]
+                        + ([f"  best checkpoint: {ckpt}"] if ckpt else []))
+    if "test/acc" in metrics:
+        summary += f"\nTest accuracy: {100 * metrics['test/acc']:.2f}%"
+    log.info(summary)
+    _append_sweep_row(cfg, metrics, out_dir)
+
+
+def _append_sweep_row(cfg: DictConfig, metrics: dict[str, float], out_dir: Path) -> None:
+    """In a multirun (a grid or an Optuna sweep), one row per job in <sweep dir>/results.csv: the job number, its
+    overrides, the optimized metric and the run's main results."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    hc = HydraConfig.get()
+    target = RunSettings.of(cfg).optimized_metric or ""
+    row = {"job": hc.job.num, "overrides": " ".join(hc.overrides.task), "metric": target,
+           "value": metrics.get(target, float("nan")), "run_dir": str(out_dir)}
+    row |= {k: v for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")) and not k.endswith("_step")}
+    append_row(Path(hc.sweep.dir) / "results.csv", row)
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Add a row to a CSV table that parallel jobs (submitit, joblib) share; a row with new keys adds columns."""
+    import csv
+
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        rows = []
+        if path.exists():
+            with open(path, newline="") as fh:
+                rows = list(csv.DictReader(fh))
+        rows.append(row)
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)  # a job killed while writing leaves the previous table whole

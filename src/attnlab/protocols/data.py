@@ -1,0 +1,132 @@
+"""What the platform may call on a data module (the LightningDataModule `data._target_` names, attnlab's or a
+user's), and `DataInfo`: the one contract between data and model.
+
+Every hook is optional; the accessors below give the answer for a data module without it. attnlab's
+`BaseDataModule` (attnlab.data.base) has them all.
+
+- `info() -> DataInfo` (`Informs`): what the prepared data tells the task, once it is set up. Called by
+  `cli/builders.build_datamodule` (the sizes go into the run's `data` config, where a model config interpolates
+  them: `vocab_size: ${data.vocab_size}`), `cli/builders.build_task` (the objects become the task's constructor
+  arguments) and `cli/eval.py` (the task's `check_data`). Without it: a `DataInfo` of the module's `kind`, or empty.
+- `use_tokenizer(tokenizer_json: str) -> None` (`TakesTokenizer`): read the text with this tokenizer, the one of the
+  weights the run starts from (the task's `init_tokenizer`). Called by `cli/builders.build_datamodule` before
+  `prepare_data()`. Without it: the data keeps its own.
+- `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split, so the training entry
+  point runs no second pass over it (`cli/train.py`, preflight's time of the run). Without it: false.
+- `batch_size: int` (`Batched`): samples per training batch; `optimizer.blr` scales the lr by it
+  (`tasks/base.py`), preflight searches it. Without it: `optimizer.blr` is refused, preflight reports no size.
+- `train_set` (`HasTrainSet`, a sized dataset): the training split, which no batch may exceed (preflight).
+
+The sizes the data determines (`num_classes`, `image_size`, `vocab_size`, ...) live in `DataInfo` (the data module
+computes them in `info()`), and from there in the run's `data` config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    kind: str                                   # images | segmentation | text | parallel | ... (model.data_kinds)
+    objective: str | None = None                # what text samples are made for: causal windows | masked sequences
+    # ---- sizes (model configs read them as ${data.<name>})
+    num_classes: int | None = None
+    image_size: int | None = None
+    channels: int | None = None
+    vocab_size: int | None = None
+    block_size: int | None = None
+    max_length: int | None = None
+    src_vocab_size: int | None = None
+    tgt_vocab_size: int | None = None
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    # ---- objects the task takes as constructor arguments and keeps in its checkpoint
+    class_names: list[str] | None = None
+    palette: list[list[int]] | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    tokenizer: str | None = None                # a tokenizers.Tokenizer as JSON
+    src_tokenizer: str | None = None
+    tgt_tokenizer: str | None = None
+
+    SIZES: ClassVar[tuple[str, ...]] = ("num_classes", "image_size", "channels", "vocab_size", "block_size",
+                                        "max_length", "src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id",
+                                        "eos_id")
+
+    def sizes(self) -> dict[str, int]:
+        """The sizes the data determined (those it did not are left out)."""
+        return {k: getattr(self, k) for k in self.SIZES if getattr(self, k) is not None}
+
+    def task_arguments(self) -> dict[str, Any]:
+        """The objects for the task's constructor (those the data has)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("kind", "objective") and f.name not in self.SIZES and getattr(self, f.name) is not None}
+
+
+@runtime_checkable
+class Informs(Protocol):
+    def info(self) -> DataInfo: ...
+
+
+@runtime_checkable
+class TakesTokenizer(Protocol):
+    def use_tokenizer(self, tokenizer_json: str) -> None: ...
+
+
+@runtime_checkable
+class SharesTestSplit(Protocol):
+    test_is_validation: bool
+
+
+@runtime_checkable
+class Batched(Protocol):
+    batch_size: int
+
+
+@runtime_checkable
+class HasTrainSet(Protocol):
+    train_set: Any
+
+
+# ---- the accessors: the platform's one way to each hook
+def info(dm: object) -> DataInfo:
+    """The prepared data module's `DataInfo`; a module without `info()` tells its `kind` alone."""
+    if isinstance(dm, Informs):
+        return dm.info()
+    kind = dm.kind if isinstance(dm, _HasKind) else ""
+    return DataInfo(str(kind or ""))
+
+
+def use_tokenizer(dm: object, tokenizer_json: str | None) -> bool:
+    """Hand the data module the tokenizer of the weights the run starts from. -> whether it took one."""
+    if tokenizer_json is None or not isinstance(dm, TakesTokenizer):
+        return False
+    dm.use_tokenizer(tokenizer_json)
+    return True
+
+
+def test_is_validation(dm: object) -> bool:
+    return bool(dm.test_is_validation) if isinstance(dm, SharesTestSplit) else False
+
+
+def batch_size(dm: object) -> int | None:
+    return int(dm.batch_size) if isinstance(dm, Batched) and dm.batch_size is not None else None
+
+
+def training_samples(dm: object) -> int | None:
+    """The size of the training split; None when the data module does not say."""
+    if not isinstance(dm, HasTrainSet):
+        return None
+    try:
+        return len(dm.train_set)
+    except TypeError:
+        return None
+
+
+@runtime_checkable
+class _HasKind(Protocol):
+    kind: str

@@ -1,0 +1,190 @@
+"""What the platform may call on a task: the LightningModule `model._target_` names, attnlab's or a user's.
+
+Every hook is optional. A LightningModule that defines none trains, tests, evaluates and predicts (with a
+`predictor`) like attnlab's own tasks; each hook adds what its caller below says. attnlab's `BaseTask`
+(attnlab.tasks.base) has the instance hooks with neutral answers, and its tasks override those they need.
+
+Class-level hooks, called on the task class before a task exists:
+
+- `net_settings(settings: dict) -> dict[str, tuple[inspect.Parameter, Any]]` (`NetworkSettings`): the settings of
+  the network `model.net` names, which the class's `**kwargs` carry to it. Called by the config checks
+  (`cli/checks.py`), which then check `model.n_layer` like a constructor argument.
+- `init_tokenizer(init_from: str) -> str | None` (`ReadsInitTokenizer`): the tokenizer (JSON) of the weights
+  `model.init_from` names. Called by `cli/builders.init_tokenizer`; the data module then reads its text with it
+  (`use_tokenizer`, attnlab.protocols.data).
+- `init_settings(init_from: str) -> dict` (`ReadsInitSettings`): the network settings those weights fix (an `hf:`
+  folder's sizes). Called by `cli/builders.build_task`, which writes them into `model.*` before building the task.
+- `predictor: str` (`Predicts`): the dotted path of a function `predict(model, cfg, run_cfg)`. Called by
+  `cli/predict` (predict.py); attnlab's tasks need none (their module's name finds `attnlab.cli.predict.<module>`).
+
+Instance hooks:
+
+- `check_data(info: DataInfo) -> None` (`ChecksData`): refuse data the model cannot take (a vocabulary larger than
+  its embedding, another tokenizer than its checkpoint's). Called once by the entry points where a task meets the
+  data (`cli/builders.build_task`, `cli/eval.py`).
+- `batch_size_of(batch) -> int` (`CountsBatch`): samples in a batch. Called by preflight and the throughput
+  callback. Without it: the leading dimension of the batch's first tensor.
+- `tokens_of(batch) -> int | Tensor` (`CountsTokens`): tokens in a batch (a count on the device is read at the end
+  of a window). Without it: no tokens/s.
+- `flops_per_sample() -> float | None` (`CountsFlops`): training FLOPs per sample, for `perf/mfu` and preflight's
+  MFU. Without it: no MFU.
+- `flops_of(batch) -> float` (`CountsBatchFlops`): training FLOPs of one batch, for tasks whose batches vary in
+  shape. Without it: `flops_per_sample() x batch_size_of(batch)`.
+- `decode_cfg: dict` (`Decodes`): decoding settings that eval.py's and predict.py's `decode.*` update. Without it:
+  `decode.*` is refused.
+- `net: nn.Module` (`HasNetwork`): the network export.py writes. Without it: export.py refuses the checkpoint.
+- `tokenizer_json: str | tuple[str | None, ...] | None` (`CarriesTokenizer`): the tokenizer(s) export.py writes
+  beside the weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from attnlab.protocols.data import DataInfo
+
+
+# ---- class-level hooks
+@runtime_checkable
+class NetworkSettings(Protocol):
+    @classmethod
+    def net_settings(cls, settings: dict) -> dict[str, tuple[inspect.Parameter, Any]]: ...
+
+
+@runtime_checkable
+class ReadsInitTokenizer(Protocol):
+    @classmethod
+    def init_tokenizer(cls, init_from: str) -> str | None: ...
+
+
+@runtime_checkable
+class ReadsInitSettings(Protocol):
+    @classmethod
+    def init_settings(cls, init_from: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Predicts(Protocol):
+    predictor: str
+
+
+# ---- instance hooks
+@runtime_checkable
+class ChecksData(Protocol):
+    def check_data(self, info: DataInfo) -> None: ...
+
+
+@runtime_checkable
+class CountsBatch(Protocol):
+    def batch_size_of(self, batch: Any) -> int: ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    def tokens_of(self, batch: Any) -> int | torch.Tensor: ...
+
+
+@runtime_checkable
+class CountsFlops(Protocol):
+    def flops_per_sample(self) -> float | None: ...
+
+
+@runtime_checkable
+class CountsBatchFlops(Protocol):
+    def flops_of(self, batch: Any) -> float: ...
+
+
+@runtime_checkable
+class Decodes(Protocol):
+    decode_cfg: dict
+
+
+@runtime_checkable
+class HasNetwork(Protocol):
+    net: nn.Module
+
+
+@runtime_checkable
+class CarriesTokenizer(Protocol):
+    tokenizer_json: str | tuple[str | None, ...] | None
+
+
+# ---- the accessors: the platform's one way to each hook
+def net_settings(task_cls: type, settings: dict) -> dict[str, tuple[inspect.Parameter, Any]]:
+    return task_cls.net_settings(settings) if isinstance(task_cls, NetworkSettings) else {}
+
+
+def init_tokenizer(task_cls: type, init_from: str) -> str | None:
+    return task_cls.init_tokenizer(init_from) if isinstance(task_cls, ReadsInitTokenizer) else None
+
+
+def init_settings(task_cls: type, init_from: str) -> dict[str, Any]:
+    return dict(task_cls.init_settings(init_from)) if isinstance(task_cls, ReadsInitSettings) else {}
+
+
+def predictor(task_cls: type) -> str | None:
+    """The dotted path of the task class's predict function, where it names one."""
+    return str(task_cls.predictor) if isinstance(task_cls, Predicts) and task_cls.predictor else None
+
+
+def check_data(task: Any, info: DataInfo) -> Any:
+    """The task's own check of the data it meets. -> the task."""
+    if isinstance(task, ChecksData):
+        task.check_data(info)
+    return task
+
+
+def batch_size_of(task: Any, batch: Any) -> int:
+    return int(task.batch_size_of(batch)) if isinstance(task, CountsBatch) else leading_size(batch)
+
+
+def tokens_of(task: Any, batch: Any) -> int | torch.Tensor:
+    return task.tokens_of(batch) if isinstance(task, CountsTokens) else 0
+
+
+def flops_per_sample(task: Any) -> float | None:
+    """Training FLOPs per sample; None when unknown or when counting fails (FLOP counts are best effort)."""
+    if not isinstance(task, CountsFlops):
+        return None
+    try:
+        return task.flops_per_sample()
+    except Exception:  # an exotic backbone must not stop training
+        return None
+
+
+def flops_of(task: Any, batch: Any, per_sample: float) -> float:
+    if isinstance(task, CountsBatchFlops):
+        return task.flops_of(batch)
+    return per_sample * batch_size_of(task, batch)
+
+
+def decode_settings(task: Any) -> dict | None:
+    """The task's decoding settings (updated in place by `decode.*`); None for a task that does not decode."""
+    return task.decode_cfg if isinstance(task, Decodes) else None
+
+
+def network(task: Any) -> nn.Module | None:
+    return task.net if isinstance(task, HasNetwork) and isinstance(task.net, nn.Module) else None
+
+
+def tokenizers(task: Any) -> dict[str, str]:
+    """The tokenizers a task carries, by the file name they are written under (`tokenizer`, or `src_tokenizer` and
+    `tgt_tokenizer` for translation)."""
+    carried = task.tokenizer_json if isinstance(task, CarriesTokenizer) else None
+    named = ({"tokenizer": carried} if isinstance(carried, str)
+             else dict(zip(("src_tokenizer", "tgt_tokenizer"), carried or ())))
+    return {k: v for k, v in named.items() if v}
+
+
+def leading_size(batch: Any) -> int:
+    """The leading dimension of a batch's first tensor (0 when it has none)."""
+    for t in tree_leaves(batch):
+        if isinstance(t, torch.Tensor):
+            return int(t.shape[0]) if t.dim() else 0
+    return 0
+

@@ -1,0 +1,117 @@
+"""The platform's own settings, declared once with their types and defaults.
+
+- The platform keys: keys of a config group's node that are attnlab's, not its constructor's (`ModelKeys`,
+  `OptimizerKeys`, `DataKeys`). A node that leaves one out gets its default (None: none needed), so a user's own
+  LightningModule or LightningDataModule config holds nothing but its constructor's arguments; before a node is
+  instantiated they are taken off, unless its constructor names them (attnlab's own tasks and data modules take
+  them). `attnlab.config` applies and removes them; the config checks check them.
+- The run keys: the entry configs' own top-level keys (`RunSettings`: train.yaml's `train`, `test`, `resume`, ...;
+  eval.yaml's `split`, `decode`). `RunSettings.of(cfg)` reads them from a composed config, with the defaults below
+  for those it leaves out; the entry points read `settings.train`, never the config's raw key.
+- The optimizer's platform keys `blr` and `layer_decay`, split off an optimizer node in one place
+  (`split_optimizer`): the tasks, the memory estimate, the builders and the config checks all call it.
+
+Nothing here imports torch, so `train.py --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from annotated_types import Interval
+
+from attnlab.types import DecodeSettings, NonNegativeFloat, PositiveInt, UnitInterval
+
+
+# ---- the platform keys of each config group
+@dataclass(frozen=True)
+class ModelKeys:
+    """The platform keys of `model`: the data kinds a model trains on (`data.kind`), the metric that names the best
+    checkpoint and its direction, `torch.compile` of the training step, the activation checkpointing of the
+    network's blocks (attnlab.strategies)."""
+
+    data_kinds: list[str] = field(default_factory=list)
+    monitor: str = "val/loss"
+    monitor_mode: Literal["min", "max"] = "min"
+    compile: bool = False
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class OptimizerKeys:
+    """attnlab's optimizer options: `blr` (lr = blr x effective batch / 256, with `lr: null`) and `layer_decay`
+    (layer-wise lr decay, attnlab.optim.param_groups). None: not used."""
+
+    blr: NonNegativeFloat | None = None
+    layer_decay: UnitInterval | None = None
+
+
+@dataclass(frozen=True)
+class DataKeys:
+    """The platform keys of `data`: its kind (what `model.data_kinds` lists) and its name."""
+
+    kind: str | None = None
+    name: str | None = None
+
+
+PLATFORM_GROUPS: dict[str, type] = {"model": ModelKeys, "optimizer": OptimizerKeys, "data": DataKeys}
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        out[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return out
+
+
+# group -> {key: default}; a default of None is not written into a node that leaves the key out
+PLATFORM_KEYS: dict[str, dict[str, Any]] = {group: _defaults(cls) for group, cls in PLATFORM_GROUPS.items()}
+
+
+def platform_hints(group: str) -> dict[str, Any]:
+    """The type hints of a group's platform keys, for the config checks."""
+    cls = PLATFORM_GROUPS.get(group)
+    return typing.get_type_hints(cls, include_extras=True) if cls is not None else {}
+
+
+def split_optimizer(node: dict) -> tuple[dict, OptimizerKeys]:
+    """An optimizer node (resolved, or a partial's keywords) -> (the optimizer's own arguments, attnlab's options)."""
+    own = {k: v for k, v in node.items() if k not in PLATFORM_KEYS["optimizer"]}
+    options = OptimizerKeys(**{k: node[k] for k in PLATFORM_KEYS["optimizer"] if k in node})
+    return own, options
+
+
+# ---- the run keys of the entry configs
+@dataclass(frozen=True)
+class RunSettings:
+    """The entry configs' own top-level keys (train.yaml, eval.yaml), checked like a constructor's arguments."""
+
+    seed: Annotated[int, Interval(ge=0, le=2**32 - 1)] = 42  # numpy's seed range
+    train: bool = True
+    test: bool = True
+    resume: bool = True
+    ckpt_path: str | None = None
+    global_batch_size: PositiveInt | None = None
+    task_name: str = "train"
+    optimized_metric: str | None = None
+    preflight: bool = False
+    preflight_steps: PositiveInt = 10
+    split: Literal["test", "val"] = "test"
+    decode: DecodeSettings | None = None
+
+    @classmethod
+    def of(cls, cfg: Any) -> RunSettings:
+        """The run keys of a composed config (a DictConfig, resolved), the defaults above for those it leaves
+        out or leaves missing (`ckpt_path: ???`)."""
+        from omegaconf import DictConfig, OmegaConf
+
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in cfg or OmegaConf.is_missing(cfg, f.name):
+                continue
+            value = cfg[f.name]
+            values[f.name] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+        return cls(**values)
