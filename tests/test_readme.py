@@ -1,9 +1,11 @@
-"""Every command in README.md's bash blocks, run as written with a few steps appended, so that a documented command
-cannot silently break. Each block runs in order in a fresh folder (a later command uses the runs of earlier ones:
-`ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py). Commands marked
-[GPU], [ImageNet], [multi-node], [SLURM], [W&B account] or [network] need what this machine lacks: their configs are composed
-instead. `python train.py|eval.py|predict.py` runs in-process through the entry points' own functions (start-up
-would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`, benchmarks) runs in one."""
+"""Every command in the bash blocks of README.md and docs/*.md, run as written with a few steps appended, so that a
+documented command cannot silently break. Each block runs in order in a fresh folder (a later command uses the runs
+of earlier ones: `ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py).
+Commands marked [GPU], [ImageNet], [multi-node], [SLURM], [W&B account] or [network] need what this machine lacks:
+their configs are composed instead. `python train.py|eval.py|predict.py` runs in-process through the entry points'
+own functions (start-up would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`,
+benchmarks) runs in one. README.md is the front door: at most 300 lines; every relative link of these pages leads to
+a file (and heading) that exists."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from conftest import ROOT
 from fixtures import caption_pairs
 
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose bash blocks are run
+README_MAX_LINES = 300
 MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account", "network")
 MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
 ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict", "export.py": "export",
@@ -55,8 +59,13 @@ BENCHMARK_BUDGET = {
 
 @dataclass
 class Command:
+    page: str  # README.md, docs/translation.md
     line: int
     text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
     @property
     def marked(self) -> list[str]:
@@ -69,21 +78,36 @@ class Command:
 
 @dataclass
 class Block:
+    page: str
     line: int
     commands: list[Command] = field(default_factory=list)
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def readme_blocks() -> list[Block]:
-    blocks, current = [], None
-    for n, line in enumerate(README.read_text().splitlines(), 1):
-        if line.startswith("```"):
-            current = Block(n) if current is None and line.strip() == "```bash" else None
+
+def page_name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def page_blocks(path: Path) -> list[Block]:
+    """The ```bash blocks of one page, each with its commands (comment lines left out)."""
+    page, blocks, current = page_name(path), [], None
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            current = Block(page, n) if current is None and line.strip() == "```bash" else None
             if current is not None:
                 blocks.append(current)
             continue
         if current is not None and line.strip() and not line.lstrip().startswith("#"):
-            current.commands.append(Command(n, line.strip()))
+            current.commands.append(Command(page, n, line.strip()))
     return blocks
+
+
+def readme_blocks() -> list[Block]:
+    """Every bash block of README.md, then of docs/*.md in name order."""
+    return [b for path in PAGES for b in page_blocks(path)]
 
 
 BLOCKS = readme_blocks()
@@ -94,6 +118,44 @@ def test_the_readme_shows_its_commands_in_bash_blocks():
     assert len(commands) >= 40 and all(c.argv for c in commands)
     programs = {c.argv[0] if c.argv[0] != "python" else c.argv[1] for c in commands if "=" not in c.argv[0]}
     assert programs >= {"make", "train.py", "eval.py", "predict.py", "-m", "wandb", "cd"}, programs
+    pages = sorted({b.page for b in BLOCKS})
+    assert "README.md" in pages and any(p.startswith("docs/") for p in pages), pages
+
+
+def test_the_readme_is_a_front_door():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}: move the rest to docs/"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page (fenced code left out)."""
+    found, fenced = set(), False
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_every_relative_link_of_the_pages_leads_to_a_file():
+    broken = []
+    for path in PAGES:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for target in LINK.findall(line):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                    continue
+                file, _, anchor = target.partition("#")
+                linked = (path.parent / file) if file else path
+                if not linked.exists():
+                    broken.append(f"{page_name(path)}:{n}: {target} (no such file)")
+                elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                    broken.append(f"{page_name(path)}:{n}: {target} (no such heading)")
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
 # ---- running one block
@@ -155,8 +217,8 @@ class Runner:
             self.cwd = ROOT / argv[1]  # the user's folder of the example; runs still go to the block's logs
             self.monkeypatch.chdir(self.cwd)
             return
-        if argv[0] == "make":
-            assert argv[1] in ("train", "test"), cmd.text  # make train: test_cli.py; make test: this suite
+        if argv[0] == "make":  # make train: test_cli.py; make test: this suite; make install: what it runs in
+            assert argv[1] in ("install", "train", "test", "test-fast"), cmd.text
             return
         if argv[0] == "wandb":
             assert cmd.marked, cmd.text
@@ -245,7 +307,7 @@ class Runner:
             if refused and e.code == 2:
                 return
             pytest.fail(f"exited with {e.code}")
-        assert not refused, "the README shows this command refused, but it ran"
+        assert not refused, "the page shows this command refused, but it ran"
         if entry == "train":
             self.last_run = out
 
@@ -259,7 +321,7 @@ def budget_args(entry: str, args: list[str]) -> list[str]:
     return extra
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.where)
 def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
     runner = Runner(tmp_path, small_data, monkeypatch)
     for cmd in block.commands:
@@ -267,5 +329,5 @@ def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
         try:
             runner.run(cmd)
         except Exception as e:
-            raise AssertionError(f"README.md:{cmd.line}: {cmd.text}") from e
-        print(f"README.md:{cmd.line} {time.perf_counter() - start:5.1f} s  {cmd.text[:90]}")
+            raise AssertionError(f"{cmd.where}: {cmd.text}") from e
+        print(f"{cmd.where} {time.perf_counter() - start:5.1f} s  {cmd.text[:90]}")
