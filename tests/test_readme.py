@@ -293,8 +293,6 @@ class Runner:
                     cfg.data.batch_size = min(cfg.data.batch_size, 8)
             out = Path(cfg.hydra.run.dir)
             out = out if out.is_absolute() else self.cwd / out
-            while entry == "train" and out.exists() and "hydra.run.dir" not in " ".join(args) and out.parent.name == "runs":
-                out = out.with_name(out.name + "_")  # two runs within a second
             cfg.hydra.runtime.output_dir = str(out)
             cfg.hydra.job.num = 0
         HydraConfig().set_config(cfg)
