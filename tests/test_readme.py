@@ -293,6 +293,9 @@ class Runner:
                     cfg.data.batch_size = min(cfg.data.batch_size, 8)
             out = Path(cfg.hydra.run.dir)
             out = out if out.is_absolute() else self.cwd / out
+            # one process claims one run folder per second; runs of one block may start within a second
+            while entry == "train" and out.is_dir() and any(out.iterdir()) and "hydra.run.dir" not in " ".join(args):
+                out = out.with_name(out.name + "_")
             cfg.hydra.runtime.output_dir = str(out)
             cfg.hydra.job.num = 0
         HydraConfig().set_config(cfg)
