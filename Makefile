@@ -6,7 +6,7 @@ SHARED_DATA := $(abspath ../shared/data)
 # Point the real-data tests at the shared offline datasets when they are there.
 export ATTNLAB_DATA_DIR ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(CURDIR)/data)
 
-.PHONY: install data train test test-fast clean
+.PHONY: install data train lint test test-fast clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,11 +24,16 @@ data: install
 train: install
 	$(PY) train.py $(ARGS)
 
-test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+lint: install
+	$(PY) -m ruff check .
 
+# everything (what CI runs), then the 15 slowest tests
+test: install
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+
+# the inner loop: every module on tiny configs, without the learning, benchmark and large-corpus tests (`slow`)
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf logs .cache .pytest_cache
