@@ -41,9 +41,9 @@ def test_preflight_in_a_multirun_prints_one_line_per_job(tmp_path, log_env):
     out = run_cli("train.py", "-m", "preflight=true", "preflight_steps=3", "optimizer.lr=1e-3,3e-3",
                   "trainer.max_steps=50", *QUICK, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
-    lines = [l for l in out.stdout.splitlines() if "preflight job" in l]
+    lines = [line for line in out.stdout.splitlines() if "preflight job" in line]
     assert len(lines) == 2 and "optimizer.lr=0.003" in lines[1] or "optimizer.lr=3e-3" in lines[1], lines
-    assert all("samples/s" in l and "run ≈" in l and "largest data.batch_size" in l for l in lines)
+    assert all("samples/s" in line and "run ≈" in line and "largest data.batch_size" in line for line in lines)
     assert not list((tmp_path / "logs").rglob("*.ckpt"))
 
 
