@@ -76,6 +76,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert all(k in str(err.value) for k in ("trainer.max_epochs", "data.batch_size", "model.foo"))
 
 
+@pytest.mark.slow
 def test_the_command_line_gets_one_paragraph_and_exit_code_2(tmp_path, log_env):
     out = run_cli("train.py", "trainer.max_epochs=abc", env=log_env)
     assert out.returncode == 2 and "Traceback" not in out.stdout

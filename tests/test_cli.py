@@ -85,6 +85,7 @@ def test_predict_prints_top5_per_image(default_run, tmp_path):
     assert (tmp_path / "out" / "predictions.csv").read_text().count("\n") == 11
 
 
+@pytest.mark.slow
 def test_user_errors_print_one_paragraph_without_traceback(tmp_path, log_env):
     out = run_cli("train.py", "data=mnist", f"data.data_dir={tmp_path}/missing", env=log_env)
     assert out.returncode == 2
@@ -100,6 +101,7 @@ def test_user_errors_print_one_paragraph_without_traceback(tmp_path, log_env):
     assert out.returncode == 2 and "device=cuda, but this machine has no CUDA GPU" in out.stdout
 
 
+@pytest.mark.slow
 def test_ddp_cpu_two_processes_one_run_directory(tmp_path, log_env):
     out = run_cli("train.py", "trainer=ddp_cpu", *QUICK, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -108,6 +110,7 @@ def test_ddp_cpu_two_processes_one_run_directory(tmp_path, log_env):
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_multirun_with_ddp_writes_one_directory_per_job(tmp_path, log_env):
     out = run_cli("train.py", "-m", "optimizer.lr=1e-3,3e-4", "trainer=ddp_cpu", *QUICK, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -168,6 +171,7 @@ def wandb_records(offline_run: Path):
             buf = b""
 
 
+@pytest.mark.slow
 def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_path, log_env):
     env = log_env | {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
     out = run_cli("train.py", "logger=wandb", *QUICK, "test=false", "logger.wandb.log_model=true",
@@ -239,6 +243,7 @@ def test_a_sweep_over_a_key_missing_from_the_config_is_refused_before_any_job(tm
     assert not list((tmp_path / "logs").rglob("config.yaml"))  # no job ran
 
 
+@pytest.mark.slow
 def test_scripts_end_without_the_interpreters_teardown_but_run_the_exit_handlers():
     """train.py & co. end through app.run_process: the exit status, the atexit handlers and the output are kept, and
     the teardown of torch's modules (its peak memory) is not paid."""

@@ -30,12 +30,14 @@ def grid(tmp_path_factory):
     return sweep, out.stdout
 
 
+@pytest.mark.slow
 def test_multirun_end_prints_the_seed_grouping_next_to_results_csv(grid):
     sweep, stdout = grid
     assert (sweep / "results.csv").is_file()
     assert "grouped by seed" in stdout and "±" in stdout and "optimizer.lr" in stdout
 
 
+@pytest.mark.slow
 def test_table_agrees_with_results_csv_and_groups_mean_std(grid, tmp_path):
     sweep, _ = grid
     (df,) = compare([str(sweep)], sort="val/acc_best")
@@ -56,6 +58,7 @@ def test_table_agrees_with_results_csv_and_groups_mean_std(grid, tmp_path):
         assert std == pytest.approx(pd.Series(members).std())   # the sample standard deviation, as pandas
 
 
+@pytest.mark.slow
 def test_report_shows_the_table_and_curves(grid, tmp_path):
     sweep, _ = grid
     report = tmp_path / "report.html"
@@ -79,6 +82,7 @@ def test_report_shows_the_table_and_curves(grid, tmp_path):
     assert (plot_band < 250).mean() > 0.05              # the plots' lines, bands and axes
 
 
+@pytest.mark.slow
 def test_unfinished_runs_other_tasks_and_diff(grid, tmp_path, capsys):
     sweep, _ = grid
     runs = tmp_path / "runs"
@@ -104,6 +108,7 @@ def test_unfinished_runs_other_tasks_and_diff(grid, tmp_path, capsys):
     (["{sweep}", "--sort", "val/nope"], "--sort val/nope: not a column of the table"),
     (["{sweep}", "--metrics", "val/nope"], "--metrics val/nope: no run reports it"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_paragraph(grid, tmp_path, capsys, args, message):
     import re
 
@@ -116,6 +121,7 @@ def test_bad_input_is_one_paragraph(grid, tmp_path, capsys, args, message):
     assert e.value.code == 2 and re.search(message, err) and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_python_m_attnlab_compare(grid):
     sweep, _ = grid
     out = subprocess.run([sys.executable, "-m", "attnlab.compare", str(sweep), "--metrics", "val/acc_best"],
@@ -201,6 +207,7 @@ def test_bad_folds_are_refused(small_data, tmp_path, folds, fold, message):
         dm.setup("fit")
 
 
+@pytest.mark.slow
 def test_fold_multirun_prints_the_mean_over_folds(small_data, tmp_path):
     env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
     out = run_cli("train.py", "-m", "data=digits", "data.folds=3", "data.fold=range(3)", *QUICK, env=env)
@@ -208,6 +215,7 @@ def test_fold_multirun_prints_the_mean_over_folds(small_data, tmp_path):
     assert "grouped by data.fold" in out.stdout and "0, 1, 2" in out.stdout
 
 
+@pytest.mark.slow
 def test_damaged_run_folders_are_named_and_the_others_compared(grid, tmp_path, caplog):
     sweep, _ = grid
     runs = tmp_path / "runs"
@@ -229,6 +237,7 @@ def test_damaged_run_folders_are_named_and_the_others_compared(grid, tmp_path, c
         compare([str(runs / "*")])
 
 
+@pytest.mark.slow
 def test_every_run_records_its_lineage_and_compare_shows_where_two_differ(grid, tmp_path, capsys):
     import torch
 

@@ -28,6 +28,7 @@ def kinds(tmp_path_factory):
     return data, models
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_composes_with_every_data_config_or_is_refused(tmp_path, model, kinds):
     data_kinds, accepted = kinds
@@ -69,6 +70,7 @@ def test_experiment_configs_compose(tmp_path, experiment):
     assert cfg.task_name == experiment
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", ["model", "data", "optimizer", "scheduler", "trainer"])
 def test_each_option_maps_to_a_constructor(tmp_path, group):
     for path in sorted((CONF_DIR / group).glob("*.yaml")):

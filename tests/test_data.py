@@ -181,7 +181,6 @@ def test_corrupt_image_is_named(tmp_path, workers):
 
 def test_randaugment_policies_of_the_configs_run_on_many_images():
     """timm's increasing-posterize (`-inc1`) asks Pillow for 0 bits at top magnitude; the configs must not use it."""
-    import yaml
     from timm.data import create_transform
 
     from attnlab.config import CONF_DIR

@@ -16,6 +16,7 @@ COMMON = ["trainer.max_epochs=2", "data.augment=null", "test=false", "extras.pri
           "callbacks.progress_bar=null", "trainer.limit_train_batches=12"]
 
 
+@pytest.mark.slow
 def test_ddp_cpu_matches_one_process_with_the_same_global_batch(tmp_path, log_env):
     single = run_cli("train.py", *COMMON, "data.batch_size=32", "trainer.limit_train_batches=12",
                      f"hydra.run.dir={tmp_path}/single", env=log_env)
@@ -163,6 +164,7 @@ def test_activation_checkpointing_keeps_the_loss_and_the_gradients(name):
         assert (a.grad is None) == (b.grad is None) and (a.grad is None or torch.allclose(a.grad, b.grad, atol=1e-7)), n
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_is_one_setting_of_every_task(tmp_path):
     """model.activation_checkpointing is a platform key: typed for every model config, applied by the builder."""
     from attnlab.cli.checks import check_config

@@ -39,6 +39,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, mon
     assert torch.load(path, weights_only=False)["global_step"] == 1
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_before_exit(tmp_path):
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
                         "PYTHONUNBUFFERED": "1"}
@@ -66,6 +67,7 @@ def _metrics(run_dir):
     return json.loads((run_dir / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path):
     """SIGKILL mid-epoch (no chance to save), then the same command again: the run resumes from the directory's
     last.ckpt at the same step, the same batch of the epoch and the same random state, in the same W&B run, and
@@ -115,6 +117,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     assert (logged["epoch"] == 0).any() and (logged["epoch"] == 1).any()  # rows from before the kill are kept
 
 
+@pytest.mark.slow
 def test_ctrl_c_outside_training_ends_with_one_line_and_status_130():
     """Ctrl-C while a corpus is tokenized (before Lightning's own handler is there): one line, no traceback, and
     the shell's status for SIGINT."""
@@ -173,6 +176,7 @@ def test_a_fault_of_the_machine_is_one_paragraph_with_its_fix(tmp_path, error, e
     assert explain(ValueError("a bug"), cfg) is None and explain(OSError(errno.ENOENT, "gone"), cfg) is None
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_training_stops_with_one_paragraph_and_the_last_checkpoint_intact(
         tmp_path, monkeypatch, capsys):
     from attnlab.cli.app import run_app
@@ -231,6 +235,7 @@ def test_runs_started_in_the_same_second_each_claim_a_run_directory_of_their_own
     assert (CONF_DIR / "hydra" / "default.yaml").read_text().count("dir: ${claim_dir:") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("monitor, when", [("val/accuracy", "before"), ("train/acc_epoch", "after")])
 def test_a_monitored_metric_never_logged_is_named_with_what_is_logged(monitor, when, tmp_path, capsys):
     from attnlab.cli.app import run_app
@@ -256,6 +261,7 @@ def test_a_monitored_metric_never_logged_is_named_with_what_is_logged(monitor, w
         assert torch.load(last, weights_only=False)["global_step"] == 2
 
 
+@pytest.mark.slow
 def test_wandb_folders_go_to_the_run_folder_when_home_cannot_be_written(tmp_path, monkeypatch):
     from attnlab.loggers import wandb_logger
 

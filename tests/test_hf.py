@@ -313,6 +313,7 @@ def test_glue_offline_and_bad_task_are_refused(tmp_path, hub_offline):
         dm.setup("fit")
 
 
+@pytest.mark.slow
 def test_gpt_classifier_from_hf_gpt2_trains_and_predicts(hf_gpt2, small_data, tmp_path, capsys):
     over = ["model=gpt_classifier", "data=sst2", f"model.init_from=hf:{hf_gpt2}", "data.max_length=48",
             "data.batch_size=16", "trainer=cpu", "trainer.max_steps=80", "trainer.val_check_interval=40", "trainer.max_epochs=-1",

@@ -25,6 +25,7 @@ GPT = ["model.sample_tokens=20"]
     ("gpt_shakespeare_char", ["data.batch_size=4", *GPT]),
     ("bert_shakespeare", ["data.batch_size=8"]),
 ])
+@pytest.mark.slow
 def test_fast_dev_run_of_each_lm_experiment(tmp_path, small_data, experiment, extra):
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", *extra, *SMALL], tmp_path, data_dir=small_data)
     train(cfg)
@@ -93,6 +94,7 @@ def small_gpt(tmp_path_factory, small_data):
     return out
 
 
+@pytest.mark.slow
 def test_short_gpt_run_learns_shakespeare(trained_gpt):
     metrics = json.loads((trained_gpt / "metrics.json").read_text())
     assert metrics["val/loss"] < 2.6  # a character unigram model scores ~3.3
@@ -104,6 +106,7 @@ def test_short_gpt_run_learns_shakespeare(trained_gpt):
     assert df["train/loss"].dropna().iloc[-1] < df["train/loss"].dropna().iloc[0] - 1.0
 
 
+@pytest.mark.slow
 def test_predict_streams_text_from_the_checkpoint(small_gpt, log_env):
     ckpt = small_gpt / "checkpoints" / "last.ckpt"
     out = run_cli("predict.py", f"ckpt_path={ckpt}", "prompt=ROMEO:", "max_new_tokens=80", "temperature=0.8",
@@ -200,6 +203,7 @@ def test_data_objective_against_the_model_is_a_user_error(tmp_path, small_data, 
         check_config(cfg)
 
 
+@pytest.mark.slow
 def test_eval_on_text_tokenized_with_another_vocabulary_is_refused(small_gpt, small_data, tmp_path, log_env):
     text = tmp_path / "other.txt"
     text.write_text("all work and no play makes jack a dull boy\n" * 400)  # fewer characters: another char vocabulary

@@ -251,6 +251,7 @@ def pretrained(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_pretraining_run_writes_reconstructions_and_its_loss_goes_down(pretrained):
     metrics = json.loads((pretrained / "metrics.json").read_text())
     assert metrics["val/loss_best"] <= metrics["val/loss"] + 1e-6
@@ -285,6 +286,7 @@ def test_predict_writes_reconstructions(pretrained, tmp_path):
     assert Image.open(tmp_path / "pred2" / "reconstructions_2.png").size[1] == 96 + 2 + 2
 
 
+@pytest.mark.slow
 def test_fine_tune_and_linear_probe_from_the_pretraining_checkpoint(pretrained, tmp_path):
     run = [f"model.init_from={pretrained / 'checkpoints' / 'last.ckpt'}", "data=digits", "trainer.max_epochs=1",
            "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "test=false", *FAST]
@@ -306,6 +308,7 @@ def test_fine_tune_and_linear_probe_from_the_pretraining_checkpoint(pretrained, 
         train(compose_cfg(["model.backbone=resnet18", *run], tmp_path / "cnn"))
 
 
+@pytest.mark.slow
 def test_cifar10_experiments_fit_together(tmp_path, small_data):
     """The pretraining experiment's encoder loads into the fine-tuning and scratch experiments' ViT (on the small
     CIFAR-10 PNG zips)."""

@@ -129,6 +129,7 @@ def _peak_gib(out: str) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_training_memory_is_flat_in_corpus_size_and_tokenizing_is_bounded(tmp_path, log_env):
     from conftest import run_cli

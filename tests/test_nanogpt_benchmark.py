@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import DATA_DIR, real_data, run_cli
 
 # nanoGPT's interface as the benchmark uses it: data/shakespeare_char/prepare.py reads input.txt beside it and writes
@@ -30,6 +32,7 @@ print(f"step {args['max_iters']}: train loss 2.5000, val loss 2.6000")
 """
 
 
+@pytest.mark.slow
 def test_the_nanogpt_comparison_alternates_whole_runs_and_prints_paired_ratios(tmp_path):
     real_data("tinyshakespeare")
     nano = tmp_path / "nanoGPT"

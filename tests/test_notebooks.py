@@ -30,6 +30,7 @@ def test_notebook_is_committed_without_outputs(path):
         assert "execution" not in cell.metadata, f"{path.name}: clear its execution metadata"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     for name in DATASETS[path.stem]:

@@ -50,6 +50,7 @@ def _study(logs: Path):
     return optuna.load_study(study_name="vit_digits", storage=f"sqlite:///{db}")
 
 
+@pytest.mark.slow
 def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     logs = tmp_path / "logs"
     # 1. SIGTERM between trials: once the study holds two finished ones
@@ -72,7 +73,7 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     rc = _run_until(log_env, tmp_path / "b.log", training_again, signal.SIGKILL)
     second = (tmp_path / "b.log").read_text()
     assert rc == -signal.SIGKILL, second[-3000:]
-    assert f"Continuing Optuna study 'vit_digits'" in second and f"{len(first)} of 4 trials finished" in second
+    assert "Continuing Optuna study 'vit_digits'" in second and f"{len(first)} of 4 trials finished" in second
     # 3. and again, to the end
     out = run_cli("train.py", *SWEEP, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -135,6 +136,7 @@ def test_a_study_that_cannot_run_is_one_paragraph_and_its_database_is_left_as_it
     assert db.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_pruner_stops_hopeless_trials_and_they_count_as_pruned(tmp_path, log_env):
     import optuna
 
@@ -158,6 +160,7 @@ def test_a_pruner_stops_hopeless_trials_and_they_count_as_pruned(tmp_path, log_e
     assert set(table["status"]) == {"pruned (step 2)"}
 
 
+@pytest.mark.slow
 def test_ddp_trials_of_an_optuna_sweep_train_one_configuration_on_every_rank(tmp_path, log_env):
     out = run_cli("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2", "trainer=ddp_cpu",
                   "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
@@ -180,6 +183,7 @@ def test_ddp_trials_of_an_optuna_sweep_train_one_configuration_on_every_rank(tmp
         assert f"optimizer.lr={cfg['optimizer']['lr']}" in " ".join(overrides)
 
 
+@pytest.mark.slow
 def test_parallel_trials_start_as_soon_as_one_ends_with_the_cores_divided(tmp_path, log_env):
     import optuna
 

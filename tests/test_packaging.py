@@ -10,6 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -20,6 +22,7 @@ def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
     return out
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_and_its_console_scripts_run_from_anywhere(tmp_path):
     source = tmp_path / "source"  # a copy, so the build leaves nothing in the checkout
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))

@@ -14,6 +14,7 @@ QUICK = ["trainer.max_epochs=-1", "trainer.limit_val_batches=4", "trainer.limit_
          "trainer.val_check_interval=20", "trainer.check_val_every_n_epoch=null", "data.num_workers=0", *FAST]
 
 
+@pytest.mark.slow
 def test_preflight_measures_the_run_and_its_duration_matches_the_real_run(tmp_path, caplog):
     from attnlab.cli.training import train
 
@@ -37,6 +38,7 @@ def test_preflight_measures_the_run_and_its_duration_matches_the_real_run(tmp_pa
     assert predicted / 3 < real < predicted * 4, (predicted, real)
 
 
+@pytest.mark.slow
 def test_preflight_in_a_multirun_prints_one_line_per_job(tmp_path, log_env):
     out = run_cli("train.py", "-m", "preflight=true", "preflight_steps=3", "optimizer.lr=1e-3,3e-3",
                   "trainer.max_steps=50", *QUICK, env=log_env)
@@ -58,6 +60,7 @@ def test_the_largest_batch_on_cpu_comes_from_the_estimate():
     assert _largest_batch_estimated(MemoryEstimate("CPU", {"process": GiB}, available=None), 64) is None
 
 
+@pytest.mark.slow
 def test_preflight_under_ddp_gives_the_largest_batch_from_the_estimate(tmp_path, log_env):
     """Lightning's batch-size finder refuses distributed strategies: under DDP (here 2 CPU processes over gloo) the
     largest batch per process comes from the memory estimate."""

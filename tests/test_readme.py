@@ -322,6 +322,7 @@ def budget_args(entry: str, args: list[str]) -> list[str]:
     return extra
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.where)
 def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
     runner = Runner(tmp_path, small_data, monkeypatch)

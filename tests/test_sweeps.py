@@ -57,6 +57,7 @@ def test_sweep_file_is_valid_and_composes(path: Path, tmp_path):
         assert sweep["metric"]["goal"] == ("maximize" if cfg.model.monitor_mode == "max" else "minimize")
 
 
+@pytest.mark.slow
 def test_one_sweep_command_runs(tmp_path, log_env):
     sweep = yaml.safe_load((ROOT / "sweeps" / "vit_digits.yaml").read_text())
     args = command_line(sweep, sample(sweep["parameters"], random.Random(1)))
@@ -73,6 +74,7 @@ def test_a_parameter_missing_from_the_config_is_refused(log_env):
 SEARCHES = sorted((ROOT / "conf" / "hparams_search").glob("*.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.stem)
 def test_optuna_search_optimizes_the_task_metric_over_keys_that_exist(path: Path, tmp_path):
     from hydra import compose, initialize_config_dir

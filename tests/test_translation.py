@@ -213,6 +213,7 @@ def small_run(tmp_path_factory, small_data):
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_short_run_on_multi30k_beats_the_untrained_model(trained):
     run_dir, cfg = trained
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -237,6 +238,7 @@ def test_a_short_run_on_multi30k_beats_the_untrained_model(trained):
     assert len(pngs) == 4 and all(p.stat().st_size > 5_000 for p in pngs)
 
 
+@pytest.mark.slow
 def test_translations_and_alignments_reach_wandb(small_run):
     run_dir = small_run
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
@@ -248,6 +250,7 @@ def test_translations_and_alignments_reach_wandb(small_run):
     (test_table,) = media.rglob("test/translations*.table.json")
 
 
+@pytest.mark.slow
 def test_predict_translates_a_sentence_and_a_file(small_run, tmp_path, log_env):
     run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
@@ -265,6 +268,7 @@ def test_predict_translates_a_sentence_and_a_file(small_run, tmp_path, log_env):
     assert len(lines) == 3, out.stdout[-1000:]
 
 
+@pytest.mark.slow
 def test_eval_takes_decoding_settings(small_run, small_data, tmp_path, log_env):
     run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
@@ -274,6 +278,7 @@ def test_eval_takes_decoding_settings(small_run, small_data, tmp_path, log_env):
     assert "val BLEU" in out.stdout and "(beam 2," in out.stdout, out.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_a_translation_checkpoint_is_refused_by_an_image_model(small_run, tmp_path, log_env):
     run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
@@ -291,6 +296,7 @@ def test_a_translation_checkpoint_is_refused_by_an_image_model(small_run, tmp_pa
     ("mt_gru", ["model.hidden=32", "model.emb_dim=16"]),
     ("mt_lstm", ["model.hidden=32", "model.emb_dim=16"]),
 ])
+@pytest.mark.slow
 def test_fast_dev_run_of_each_translation_experiment(tmp_path, small_data, experiment, extra):
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.eval_batch_size=16", "model.num_samples=1",
                        *extra, *FAST], tmp_path, data_dir=small_data)

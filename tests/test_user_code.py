@@ -59,6 +59,7 @@ def test_a_plain_lightning_module_trains_checkpoints_resumes_and_evaluates(tmp_p
     assert 0.0 <= result["test/acc"] <= 1.0 and (out / "metrics.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_user_experiment_and_sweep_from_the_user_folder_with_config_dir(tmp_path):
     """`python -m attnlab.train --config-dir configs -m experiment=... optimizer.lr=...` from the user's own folder
     (importable as under `python -m`), two jobs, one results table."""
