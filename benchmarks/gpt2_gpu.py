@@ -89,7 +89,8 @@ def main() -> None:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{label:18} {r['tokens_per_s']:10,.0f} {r['ms_per_iter']:9.1f} {mfu:>7}")
     if len(rows) == 2:
-        print(f"attnlab / nanoGPT tokens/s: {rows['attnlab']['tokens_per_s'] / rows['nanoGPT bench.py']['tokens_per_s']:.3f}")
+        ratio = rows["attnlab"]["tokens_per_s"] / rows["nanoGPT bench.py"]["tokens_per_s"]
+        print(f"attnlab / nanoGPT tokens/s: {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def gpt_row(args) -> dict:
            "ours_all": [r["tokens_per_s"] for r in ours], "mfu": median([r["mfu"] or 0 for r in ours]),
            "reference": "nanoGPT bench.py", "goal": 1.0}
     if theirs:
-        row |= {"theirs": median([r["tokens_per_s"] for r in theirs]), "theirs_all": [r["tokens_per_s"] for r in theirs],
+        row |= {"theirs": median([r["tokens_per_s"] for r in theirs]),
+                "theirs_all": [r["tokens_per_s"] for r in theirs],
                 "theirs_mfu": median([r["mfu"] or 0 for r in theirs])}
     return row
 
@@ -164,7 +165,8 @@ def main() -> None:
     rows: list[dict] = []
     failed: list[str] = []
     steps = {"gpt": lambda: gpt_row(args), "vit_base": lambda: vision_row(args, "vit_base"),
-             "swin": lambda: vision_row(args, "swin"), "ddp": lambda: ddp_row(args), "loader": lambda: loader_row(args, rows)}
+             "swin": lambda: vision_row(args, "swin"), "ddp": lambda: ddp_row(args),
+             "loader": lambda: loader_row(args, rows)}
     for name in args.only:
         start = time.perf_counter()
         try:

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {"vit_base": "vit_base_patch16_224", "swin": "swin_tiny_patch4_window7_224", "vit_tiny": "vit_tiny_patch16_224"}
+MODELS = {"vit_base": "vit_base_patch16_224", "swin": "swin_tiny_patch4_window7_224",
+          "vit_tiny": "vit_tiny_patch16_224"}
 
 
 PRECISION = {"bf16": ("bf16-mixed", "bfloat16"), "fp16": ("16-mixed", "float16")}  # train.py's, timm's --amp-dtype
@@ -53,7 +54,8 @@ def attnlab_row(model: str, args, out: Path, trainer: list[str] | None = None) -
 
 def timm_row(model: str, args) -> float:
     cmd = [sys.executable, "benchmark.py", "--bench", "train", "--model", MODELS[model], "-b", str(args.batch_size),
-           "--amp", "--amp-dtype", PRECISION[args.precision][1], "--opt", "adamw", "--num-bench-iter", str(args.steps), "--num-warm-iter", "10"]
+           "--amp", "--amp-dtype", PRECISION[args.precision][1], "--opt", "adamw",
+           "--num-bench-iter", str(args.steps), "--num-warm-iter", "10"]
     proc = subprocess.run(cmd, cwd=args.timm, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     m = re.findall(r'"train_samples_per_sec":\s*([\d.]+)', out)

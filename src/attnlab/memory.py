@@ -216,9 +216,9 @@ def check_fits(est: MemoryEstimate, data_cfg: dict, force: bool = False) -> None
     sizes = " or ".join(f"data.{k} (now {data_cfg[k]})" for k in _SIZE_KEYS
                         if isinstance(data_cfg.get(k), int) and (k == "max_tokens" or data_cfg[k] in est.batch_dims))
     advice = _ADVICE[est.largest].format(sizes=sizes or "data.batch_size")
+    shared = " shared by %d processes" % est.processes if est.processes > 1 else ""
     where = (f"90% of the free memory of the GPU ({est.available / GiB:.2f} GiB)" if est.device == "GPU" else
-             f"90% of this machine's available memory{' shared by %d processes' % est.processes if est.processes > 1 else ''}"
-             f" ({est.available / GiB:.2f} GiB per process)")
+             f"90% of this machine's available memory{shared} ({est.available / GiB:.2f} GiB per process)")
     message = (f"this run needs about {est.total / GiB:.2f} GiB of memory per process, more than {where}. The "
                f"estimate: {est.describe()}; the largest part is {est.largest} ({est.terms[est.largest] / GiB:.2f} "
                f"GiB). To fit: {advice}. extras.force=true starts the run anyway.")

@@ -22,8 +22,9 @@ UnitInterval = Annotated[float, Interval(ge=0, le=1)]
 
 @dataclass(frozen=True)
 class MultipleOf:
-    """A relation to another setting of the same constructor: `img_size: Annotated[PositiveInt, MultipleOf("patch_size")]`
-    refuses an image size the patch size does not divide."""
+    """A relation to another setting of the same constructor:
+    `img_size: Annotated[PositiveInt, MultipleOf("patch_size")]` refuses an image size the patch size does not
+    divide."""
 
     key: str
 

@@ -25,7 +25,8 @@ from attnlab.config import named_parameters
 from attnlab.errors import UserError
 from attnlab.protocols import task as task_hooks
 from attnlab.settings import PLATFORM_KEYS, RunSettings, platform_hints, split_optimizer
-from attnlab.types import Fraction, MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, UnitInterval
+from attnlab.types import (Fraction, MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                           UnitInterval)
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
@@ -86,7 +87,8 @@ def check_config(cfg: DictConfig) -> None:
         if not problems and isinstance(cfg.get(path), DictConfig) and cfg[path].get("_target_"):
             problems += _try_build(cfg, path)
     if problems:
-        raise UserError(" ".join(problems[:6]) + (f" ({len(problems) - 6} more problems.)" if len(problems) > 6 else ""))
+        raise UserError(" ".join(problems[:6])
+                        + (f" ({len(problems) - 6} more problems.)" if len(problems) > 6 else ""))
 
 
 def _target_nodes(cfg: DictConfig, prefix: str = ""):
@@ -113,7 +115,8 @@ def _target(target: str):
 
 def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:
     """(parameters by name, their type hints, whether unknown keywords are accepted). A class's own parameters, those
-    of the network its **kwargs fill (a task's `net_settings`: the network `model.net` names), and those of the bases the rest reach."""
+    of the network its **kwargs fill (a task's `net_settings`: the network `model.net` names), and those of the bases
+    the rest reach."""
     if not inspect.isclass(fn):
         sig = inspect.signature(fn)
         return dict(sig.parameters), _hints(fn), any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
@@ -342,6 +345,7 @@ def _try_build(cfg: DictConfig, path: str) -> list[str]:
 
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
         name = choices.get(path) or node.get("_target_")
-        return [f"{path}={name} refuses its settings ({', '.join(f'{k}={v}' for k, v in node.items() if not k.startswith('_'))}): "
+        settings = ", ".join(f"{k}={v}" for k, v in node.items() if not k.startswith("_"))
+        return [f"{path}={name} refuses its settings ({settings}): "
                 f"{str(e).splitlines()[0]}. Fix the {path}.* value it names."]
     return []

@@ -4,10 +4,10 @@ format=hf (BERT and GPT checkpoints): a folder transformers loads with from_pret
 BertForSequenceClassification, GPT2LMHeadModel, GPT2ForSequenceClassification; attnlab.transfer.hf_export).
 
 format=safetensors (any task) writes, in the run's output folder: `model.safetensors` (the network's weights,
-`task.net`), `config.json` (the task, the registered network `net` and the settings that rebuild it: `create_network(config["net"], config["settings"])`
-from attnlab.nn.registry, then `safetensors.torch.load_model`), and the tokenizer(s) the checkpoint carries
-(`tokenizer.json` in HF `tokenizers`' format, or `src_tokenizer.json` / `tgt_tokenizer.json` for translation;
-a character tokenizer is attnlab's own JSON)."""
+`task.net`), `config.json` (the task, the registered network `net` and the settings that rebuild it:
+`create_network(config["net"], config["settings"])` from attnlab.nn.registry, then `safetensors.torch.load_model`),
+and the tokenizer(s) the checkpoint carries (`tokenizer.json` in HF `tokenizers`' format, or `src_tokenizer.json` /
+`tgt_tokenizer.json` for translation; a character tokenizer is attnlab's own JSON)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""LightningDataModules. Each declares its `kind` (what tasks it feeds) and, once set up, its `info()` (attnlab.data.info: what the model takes from it)."""
+"""LightningDataModules. Each declares its `kind` (what tasks it feeds) and, once set up, its `info()`
+(attnlab.data.info: what the model takes from it)."""

@@ -31,7 +31,8 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def _find(root: Path, stem: str) -> Path | None:
-    for cand in (root / f"{stem}.gz", root / stem, root / "MNIST" / "raw" / f"{stem}.gz", root / "MNIST" / "raw" / stem):
+    raw = root / "MNIST" / "raw"
+    for cand in (root / f"{stem}.gz", root / stem, raw / f"{stem}.gz", raw / stem):
         if cand.exists():
             return cand
     return None

@@ -32,7 +32,8 @@ def _read_lines(path: Path, encoding: str = "utf-8") -> list[str]:
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not {encoding} text ({e.reason} at byte {e.start}; data.encoding={encoding}). "
                         "Give the encoding it was written in, e.g. data.encoding=latin-1 (or cp1252, utf-16), or "
-                        f"convert it: `iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}`.") from None
+                        f"convert it: `iconv -f latin1 -t utf-8 {path.name} > "
+                        f"{path.stem}.utf8{path.suffix}`.") from None
     except (gzip.BadGzipFile, EOFError) as e:
         raise UserError(f"{path} is not a complete gzip file ({e}): download it again, or give it uncompressed "
                         "without the .gz suffix.") from None

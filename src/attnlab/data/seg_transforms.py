@@ -133,7 +133,8 @@ def pad_to(image: torch.Tensor, mask: torch.Tensor, size: int, ignore_index: int
     return image, mask
 
 
-def train_pair_transform(size: int, mean: Sequence[float], std: Sequence[float], augment: dict[str, Any] | None) -> Compose:
+def train_pair_transform(size: int, mean: Sequence[float], std: Sequence[float],
+                         augment: dict[str, Any] | None) -> Compose:
     """`augment`: resize (shorter side, first), scale [lo, hi] (jitter before the crop, or the area range of
     crop=resized), crop random | resized, hflip / vflip probabilities. With augment=null: a plain random crop."""
     a = dict(augment or {})

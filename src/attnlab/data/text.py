@@ -116,8 +116,8 @@ class TextDataModule(BaseDataModule):
     def info(self) -> DataInfo:
         if self.tokenizer is None:
             return DataInfo(self.kind)
-        return DataInfo(self.kind, objective=self.objective, vocab_size=self.tokenizer.vocab_size, block_size=self.block_size,
-                        max_length=self.max_length, tokenizer=self.tokenizer.to_json())
+        return DataInfo(self.kind, objective=self.objective, vocab_size=self.tokenizer.vocab_size,
+                        block_size=self.block_size, max_length=self.max_length, tokenizer=self.tokenizer.to_json())
 
     # ---- sources and splits
     def _sources(self) -> tuple[dict[str, Source], bool]:

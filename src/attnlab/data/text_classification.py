@@ -57,8 +57,9 @@ def read_table(path: Path, columns: list[str], encoding: str = "utf-8") -> list[
     header = list(rows[0]) if rows else []
     missing = [c for c in columns if c not in header]
     if missing:
-        raise UserError(f"{path} has no column {', '.join(map(repr, missing))} (its columns: {', '.join(header) or 'none'}"
-                        "). Name the text and label columns with data.text_columns=[...] and data.label_column=... .")
+        raise UserError(f"{path} has no column {', '.join(map(repr, missing))} "
+                        f"(its columns: {', '.join(header) or 'none'}). Name the text and label columns with "
+                        "data.text_columns=[...] and data.label_column=... .")
     return [{c: str(r[c]).strip() for c in columns} for r in rows]
 
 

@@ -104,11 +104,13 @@ class TranslationDataModule(BaseDataModule):
 
     def _read(self, split: str) -> tuple[list[str], list[str]]:
         if self.source == "multi30k":
-            paths = [multi30k_files(self.data_dir, split, lang, self.download) for lang in (self.src_lang, self.tgt_lang)]
+            paths = [multi30k_files(self.data_dir, split, lang, self.download)
+                     for lang in (self.src_lang, self.tgt_lang)]
             src, tgt = read_pair(*paths, self._hint())
         elif self.source == "hub":
             hub = dict(self.hub or {})
-            split_name = hub.pop(f"{split}_split", None) or {"train": "train", "val": "validation", "test": "test"}[split]
+            split_name = (hub.pop(f"{split}_split", None)
+                          or {"train": "train", "val": "validation", "test": "test"}[split])
             src, tgt = hub_pairs(hub, split_name, self.src_lang, self.tgt_lang, self.cache_dir)
         else:
             spec = self.files[split]

@@ -1,6 +1,7 @@
 """The networks attnlab takes from libraries: `timm` (any timm classifier, or a user's own nn.Module by dotted
-path) and `encoder_decoder` (a segmentation head of segmentation-models-pytorch over a timm backbone). This is where configuration meets
-`nn/`: its errors name the settings to change; the networks themselves know nothing of the command line."""
+path) and `encoder_decoder` (a segmentation head of segmentation-models-pytorch over a timm backbone). This is where
+configuration meets `nn/`: its errors name the settings to change; the networks themselves know nothing of the
+command line."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ _TIMM_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
 
 @register_model
 def vit_compact(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """4 blocks, 96 dims, 4 heads, MLP ratio 2, average-pooled tokens; the patch size follows img_size (2 px up to 16 px, 4 px up to 64 px, else 16 px)."""
+    """4 blocks, 96 dims, 4 heads, MLP ratio 2, average-pooled tokens; the patch size follows img_size (2 px up to
+    16 px, 4 px up to 64 px, else 16 px)."""
     if pretrained:
         raise ValueError("vit_compact has no pretrained weights; set model.pretrained=false")
     for k in _TIMM_KWARGS:

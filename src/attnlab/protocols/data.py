@@ -64,7 +64,8 @@ class DataInfo:
     def task_arguments(self) -> dict[str, Any]:
         """The objects for the task's constructor (those the data has)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("kind", "objective") and f.name not in self.SIZES and getattr(self, f.name) is not None}
+                if f.name not in ("kind", "objective") and f.name not in self.SIZES
+                and getattr(self, f.name) is not None}
 
 
 @runtime_checkable

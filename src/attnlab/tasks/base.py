@@ -119,7 +119,8 @@ class BaseTask(L.LightningModule):
         if self.hparams.get("compile") and not self._compiled:
             # data-dependent shapes (a masked LM's loss at the masked positions only) stay inside the graph
             dynamic = torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
-            self._compiled = {"net": torch.compile(self.net), "training_loss": dynamic(torch.compile(self.training_loss))}
+            self._compiled = {"net": torch.compile(self.net),
+                              "training_loss": dynamic(torch.compile(self.training_loss))}
 
     def run_training_loss(self, *batch: Any) -> Any:
         return self._compiled.get("training_loss", self.training_loss)(*batch)

@@ -127,10 +127,10 @@ class CausalLM(_LanguageModel):
     objective = "causal"
     length_key = "block_size"
 
-    def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt", objective: Literal["causal"] = "causal",
-                 tokenizer: str | None = None, init_from: str | None = None, num_samples: int = 2, sample_tokens: int = 200,
-                 sample_prompt: str | None = "\n", sample_temperature: float = 0.8, sample_top_k: int | None = 200,
-                 **settings: Any):
+    def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt",
+                 objective: Literal["causal"] = "causal", tokenizer: str | None = None, init_from: str | None = None,
+                 num_samples: int = 2, sample_tokens: int = 200, sample_prompt: str | None = "\n",
+                 sample_temperature: float = 0.8, sample_top_k: int | None = 200, **settings: Any):
         network, base = create_network(net, settings | {"vocab_size": vocab_size, "block_size": block_size})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
@@ -211,8 +211,9 @@ class MaskedLM(_LanguageModel):
     objective = "masked"
     length_key = "max_length"
 
-    def __init__(self, vocab_size: int, max_length: int = 128, net: str = "bert", objective: Literal["masked"] = "masked",
-                 tokenizer: str | None = None, init_from: str | None = None, num_samples: int = 2, **settings: Any):
+    def __init__(self, vocab_size: int, max_length: int = 128, net: str = "bert",
+                 objective: Literal["masked"] = "masked", tokenizer: str | None = None, init_from: str | None = None,
+                 num_samples: int = 2, **settings: Any):
         network, base = create_network(net, settings | {"vocab_size": vocab_size, "max_length": max_length})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])

@@ -43,18 +43,19 @@ def sliding_window(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, 
     xp = F.pad(x, (0, max(0, window - w), 0, max(0, window - h)))
     hp, wp = xp.shape[-2:]
     stride = max(1, int(round(window * (1 - overlap))))
-    boxes = [(t, l) for t in _starts(hp, window, stride) for l in _starts(wp, window, stride)]
+    boxes = [(top, left) for top in _starts(hp, window, stride) for left in _starts(wp, window, stride)]
     out = count = None
     for i in range(0, len(boxes), max(1, max_batch // b)):
         chunk = boxes[i:i + max(1, max_batch // b)]
-        tiles = torch.cat([xp[..., t:t + window, l:l + window] for t, l in chunk])  # (len(chunk) B, C, win, win)
+        # (len(chunk) B, C, win, win)
+        tiles = torch.cat([xp[..., top:top + window, left:left + window] for top, left in chunk])
         logits = fn(tiles).float()  # (len(chunk) B, K, win, win)
         if out is None:
             out = logits.new_zeros(b, logits.shape[1], hp, wp)
             count = logits.new_zeros(1, 1, hp, wp)
-        for j, (t, l) in enumerate(chunk):
-            out[..., t:t + window, l:l + window] += logits[j * b:(j + 1) * b]
-            count[..., t:t + window, l:l + window] += 1
+        for j, (top, left) in enumerate(chunk):
+            out[..., top:top + window, left:left + window] += logits[j * b:(j + 1) * b]
+            count[..., top:top + window, left:left + window] += 1
     return (out / count)[..., :h, :w]
 
 

@@ -44,8 +44,8 @@ class Translator(BaseTask):
 
     def __init__(self, net: str, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0, bos_id: int = 2,
                  eos_id: int = 3, label_smoothing: Fraction = 0.1, decode: DecodeSettings | None = None,
-                 num_alignments: NonNegativeInt = 4, num_samples: NonNegativeInt = 8, grad_clip: NonNegativeFloat = 1.0, src_tokenizer: str | None = None,
-                 tgt_tokenizer: str | None = None, **kwargs: Any):
+                 num_alignments: NonNegativeInt = 4, num_samples: NonNegativeInt = 8, grad_clip: NonNegativeFloat = 1.0,
+                 src_tokenizer: str | None = None, tgt_tokenizer: str | None = None, **kwargs: Any):
         network, base = create_network(net, kwargs | {"src_vocab_size": src_vocab_size,
                                                       "tgt_vocab_size": tgt_vocab_size, "pad_id": pad_id})
         super().__init__(**({"monitor": "val/bleu", "monitor_mode": "max"} | base))
@@ -73,7 +73,8 @@ class Translator(BaseTask):
         self.tokenizer_json, self._tokenizers = tuple(checkpoint.get("tokenizers") or (None, None)), None
 
     def check_data(self, info: DataInfo) -> None:
-        for key, have in (("src_vocab_size", self.hparams.src_vocab_size), ("tgt_vocab_size", self.hparams.tgt_vocab_size)):
+        for key, have in (("src_vocab_size", self.hparams.src_vocab_size),
+                          ("tgt_vocab_size", self.hparams.tgt_vocab_size)):
             if getattr(info, key) is not None and getattr(info, key) != have:
                 raise UserError(f"the data's {key} is {getattr(info, key)} but the model was built for {have}: the "
                                 f"model follows the data (model.{key}=${{data.{key}}}); remove the override.")

@@ -44,8 +44,9 @@ def export_hf(model: Any, out: Path) -> list[Path]:
     if wrong:
         layout = ", ".join(f"{k}={v}" for k, v in LAYOUT[family].items())
         raise UserError(f"format=hf: transformers' {arch} computes {layout} with ffn one of {', '.join(HF_ACT)}; "
-                        f"this model has {', '.join(f'model.{k}={v}' for k, v in wrong.items())}, which it cannot express. "
-                        "Use format=safetensors (attnlab's own layout), or train with those settings.")
+                        f"this model has {', '.join(f'model.{k}={v}' for k, v in wrong.items())}, "
+                        "which it cannot express. Use format=safetensors (attnlab's own layout), or train with those "
+                        "settings.")
     ours = {k: v.detach().cpu() for k, v in net.state_dict().items()}
     V = c.vocab_size
     for key in ("embed.wte.weight", "lm_head.weight"):

@@ -172,7 +172,8 @@ class OptunaSweeperImpl(Sweeper):
         if self.n_jobs > 1 and type(self.launcher).__name__ != "BasicLauncher":
             self._run_async(study, space, fixed, url, to_go)
             to_go = 0
-        while to_go > 0 and not self.grid_done:  # one job at a time in this process (Hydra's basic launcher), or batches of n_jobs
+        # one job at a time in this process (Hydra's basic launcher), or batches of n_jobs
+        while to_go > 0 and not self.grid_done:
             batch = [study.ask(space) for _ in range(min(self.n_jobs, to_go))]
             overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) + self._trial_env(t, study, url)
                          for t in batch]

@@ -28,7 +28,8 @@ def quote_free_text(argv: list[str]) -> list[str]:
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+~") in FREE_TEXT and not (value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1):
+        quoted = value[:1] in "'\"" and value[-1:] == value[:1] and len(value) > 1
+        if sep and key.lstrip("+~") in FREE_TEXT and not quoted:
             value = "'" + value.replace("'", "\\'") + "'"
             arg = f"{key}={value}"
         out.append(arg)
