@@ -47,7 +47,7 @@ def main() -> None:
         steps = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     print("\nvalidation by epoch:")
     print(val.to_string(index=False))
-    print(f"\n| steps | wall time | val mIoU (last) | val mIoU (best) | pixel acc (last) | threads |")
+    print("\n| steps | wall time | val mIoU (last) | val mIoU (best) | pixel acc (last) | threads |")
     print("|---:|---:|---:|---:|---:|---:|")
     print(f"| {steps} | {elapsed:.0f} s | {val['val/miou'].iloc[-1]:.4f} | {metrics['val/miou_best']:.4f} | "
           f"{val['val/pixel_acc'].iloc[-1]:.4f} | {os.environ.get('OMP_NUM_THREADS', 'all')} |")
