@@ -60,7 +60,10 @@ def test_every_packaged_config_passes_the_checks(overrides, tmp_path):
      r"model.positional='alibii' is refused: not one of the accepted values \(expected one of 'learned', "
      r"'sinusoidal', 'rope', 'alibi'\)"),
     # the library's own range checks, named by config key
-    (["optimizer.lr=-1"], r"optimizer=adamw refuses its settings \(lr=-1, .*Invalid learning rate"),
+    (["optimizer=sgd", "optimizer.momentum=0"], r"optimizer=sgd refuses its settings \(.*momentum=0.*\): Nesterov "
+                                                r"momentum requires a momentum"),
+    # ranges attnlab declares for torch's optimizers
+    (["optimizer.lr=-1"], r"optimizer.lr=-1 is refused: input should be greater than or equal to 0"),
 ])
 def test_a_bad_value_is_refused_before_anything_is_built(overrides, message, tmp_path):
     cfg = compose_cfg([*overrides, "debug=fdr", *FAST], tmp_path)

@@ -93,8 +93,8 @@ def test_command_line_choices_compose(tmp_path, override):
 
 def test_unknown_option_lists_the_choices():
     out = run_cli("train.py", "model=nosuchmodel")
-    assert out.returncode != 0
-    assert "Could not find 'model/nosuchmodel'" in out.stdout
+    assert out.returncode == 2
+    assert "attnlab: error: model=nosuchmodel: the config group 'model' has no option 'nosuchmodel'." in out.stdout
     for name in ("vit", "swin", "resnet50"):
         assert name in out.stdout
 

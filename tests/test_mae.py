@@ -269,6 +269,7 @@ def test_pretraining_run_writes_reconstructions_and_its_loss_goes_down(pretraine
     assert ckpt["optimizer_states"][0]["param_groups"][0]["lr"] < 1e-2 * 32 / 256  # blr x 32 / 256, cosine-decayed
 
 
+@pytest.mark.slow
 def test_predict_writes_reconstructions(pretrained, tmp_path):
     from attnlab.cli.predict import predict
 

@@ -150,6 +150,7 @@ def test_training_memory_is_flat_in_corpus_size_and_tokenizing_is_bounded(tmp_pa
     assert tokenizing - small < 150 / 1024, (small, tokenizing)  # tokenizing: bounded by a chunk, not the corpus
 
 
+@pytest.mark.slow
 def test_the_reported_cpu_peak_is_the_runs_own_not_its_parents():
     """A train.py started by a large process (a notebook) reports its own peak memory: on Linux ru_maxrss counts the
     parent's memory up to the exec, so it is read from VmHWM."""

@@ -49,6 +49,7 @@ def _all_cell() -> tuple[float, float]:
     return cell / 2, cell
 
 
+@pytest.mark.slow
 def test_short_membrane_run_beats_the_trivial_prediction(short_run):
     metrics = json.loads((short_run / "metrics.json").read_text())
     trivial_miou, trivial_acc = _all_cell()  # 0.39, 0.78
@@ -78,6 +79,7 @@ def small_run(tmp_path_factory, small_data):
     return out
 
 
+@pytest.mark.slow
 def test_predict_writes_a_palette_mask_next_to_each_input(small_run, small_data, tmp_path):
     slices = small_data / MEMBRANE
     src = tmp_path / "slices"
@@ -107,6 +109,7 @@ def test_predict_writes_a_palette_mask_next_to_each_input(small_run, small_data,
     assert [p.name for p in again] == ["26_mask.png"]
 
 
+@pytest.mark.slow
 def test_predicted_masks_of_the_short_run_beat_all_cell(short_run, tmp_path):
     src = tmp_path / "slices"
     src.mkdir()
@@ -162,6 +165,7 @@ def test_fast_dev_run_swin_upernet_ade20k_or_the_missing_data_error(tmp_path, of
         assert "run once with network access" in msg and "data=seg_folder" in msg
 
 
+@pytest.mark.slow
 def test_swin_upernet_on_membrane_slides_its_fixed_size_windows(tmp_path, small_data):
     cfg = compose_cfg(["model=segmentation", "data=membrane", "model.backbone=swin_tiny_patch4_window7_224",
                        "model.head=upernet", "data.image_size=128", "data.batch_size=2", "debug=fdr",

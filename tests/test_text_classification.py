@@ -124,6 +124,7 @@ def mlm_run(tmp_path_factory, small_data) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_encoder_and_reads_with_its_tokenizer(mlm_run, small_data, tmp_path):
     cfg = compose_cfg([*FINETUNE, f"model.init_from={mlm_run}", "optimizer.layer_decay=0.8"], tmp_path / "ft",
                       data_dir=small_data)
@@ -150,6 +151,7 @@ def test_linear_probe_keeps_the_encoder(mlm_run, small_data, tmp_path):
     assert torch.equal(probe["net.embed.wte.weight"], mlm["net.embed.wte.weight"])
 
 
+@pytest.mark.slow
 def test_init_from_refusals_name_the_fix(mlm_run, small_data, tmp_path):
     with pytest.raises(UserError, match=r"does not match the classifier's .*keys of the checkpoint the "
                                         r"classifier lacks: blocks.1.\*.*model.n_layer=2"):
@@ -167,6 +169,7 @@ def test_init_from_refusals_name_the_fix(mlm_run, small_data, tmp_path):
                           data_dir=small_data))
 
 
+@pytest.mark.slow
 def test_predict_prints_the_label_and_writes_a_csv(mlm_run, small_data, tmp_path, capsys):
     from attnlab.cli.predict import predict
 
@@ -185,6 +188,7 @@ def test_predict_prints_the_label_and_writes_a_csv(mlm_run, small_data, tmp_path
 
 # ---- the real SST-2
 
+@pytest.mark.slow
 def test_sst2_from_scratch_learns_above_the_majority_class(tmp_path):
     """A few hundred steps on GLUE SST-2: test accuracy above the 50.9% majority class (the benchmark measures
     the full recipe: benchmarks/bert_sst2.py)."""

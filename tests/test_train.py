@@ -20,6 +20,7 @@ def _ckpt(tmp_path: Path, name="last.ckpt") -> Path:
     return tmp_path / "checkpoints" / name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["vit_digits", "swin_digits", "vit_cifar10"])
 def test_fast_dev_run_of_each_experiment(tmp_path, small_data, experiment):
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", "data.batch_size=8", *FAST], tmp_path,
@@ -34,6 +35,7 @@ def test_imagenet_experiment_stops_at_the_missing_files(tmp_path):
         train(cfg)
 
 
+@pytest.mark.slow
 def test_any_timm_backbone_by_name(tmp_path):
     cfg = compose_cfg(["model.backbone=resnet18", "debug=fdr", *FAST], tmp_path)
     train(cfg)
@@ -45,6 +47,7 @@ def test_any_timm_backbone_by_name(tmp_path):
         train(cfg)
 
 
+@pytest.mark.slow
 def test_overfit_preset_memorizes_its_batches(tmp_path):
     cfg = compose_cfg(["debug=overfit", "data.augment=null", "test=false", *FAST], tmp_path)
     train(cfg)
@@ -52,6 +55,7 @@ def test_overfit_preset_memorizes_its_batches(tmp_path):
     assert metrics["train/acc"] == 1.0 and metrics["train/loss_epoch"] < 0.7  # label smoothing 0.1 floor ~0.5
 
 
+@pytest.mark.slow
 def test_limit_and_profiler_presets(tmp_path):
     train(compose_cfg(["debug=limit", "trainer.max_epochs=2", "trainer.detect_anomaly=false", *FAST],
                       tmp_path / "limit"))
@@ -59,6 +63,7 @@ def test_limit_and_profiler_presets(tmp_path):
                        "trainer.limit_test_batches=2", *FAST], tmp_path / "prof"))
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_saved_step(tmp_path):
     base = ["trainer.limit_train_batches=5", "trainer.limit_val_batches=2", "test=false", *FAST]
     first = tmp_path / "first"
@@ -77,6 +82,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     assert resumed["lr_schedulers"][0]["last_epoch"] == lr_before + 5
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_finds_the_newest_run(tmp_path):
     base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "test=false", *FAST]
     cfg = compose_cfg([*base, "trainer.max_epochs=1"], tmp_path)
@@ -134,6 +140,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert all(torch.isfinite(v).all() for v in kept["state_dict"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow
 def test_optimizer_and_scheduler_choices_train(tmp_path):
     for i, (opt, sched) in enumerate([("sgd", "cosine"), ("adam", "plateau"), ("adamw", "linear")]):
         cfg = compose_cfg([f"optimizer={opt}", f"scheduler={sched}", "scheduler.warmup=2", "trainer.max_epochs=2",
@@ -197,6 +204,7 @@ def test_no_model_checkpoint_callback_means_no_checkpoint_written(tmp_path):
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+@pytest.mark.slow
 def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path, small_data):
     base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
             "trainer.max_epochs=1", *FAST]

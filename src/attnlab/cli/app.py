@@ -47,10 +47,13 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 def begin(cfg: DictConfig) -> None:
     """What every entry point does first with its composed config: the user's modules imported and the platform
-    keys filled in (attnlab.config.prepare), then the config tree printed where extras.print_config asks."""
-    from attnlab.config import prepare
+    keys filled in (attnlab.config.prepare), a model/data pair of other kinds refused (before an interpolation
+    between them fails to resolve), then the config tree printed where extras.print_config asks."""
+    from attnlab.config import check_compatible, prepare
 
     prepare(cfg)
+    if "model" in cfg and "data" in cfg:
+        check_compatible(cfg)
     if (cfg.get("extras") or {}).get("print_config") and _is_rank_zero():
         from attnlab.utils.rich_config import print_config_tree
 

@@ -59,13 +59,12 @@ def train(cfg: DictConfig) -> float | None:
 
     from attnlab.cli.app import begin
     from attnlab.cli.checks import check_config
-    from attnlab.config import check_compatible, check_schedule_keys
+    from attnlab.config import check_schedule_keys
     from attnlab.errors import UserError
     from attnlab.settings import RunSettings
 
     # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
-    begin(cfg)
-    check_compatible(cfg)  # a model/data pair of other kinds
+    begin(cfg)  # a model/data pair of other kinds is refused there
     check_schedule_keys(cfg)
     check_config(cfg)  # every constructor's keys, types and ranges
     run = RunSettings.of(cfg)
