@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -29,8 +30,16 @@ def default_run(tmp_path_factory):
     """`make train`: the default experiment, exactly as the README says."""
     tmp = tmp_path_factory.mktemp("make_train")
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR)}
-    out = subprocess.run(["make", "-s", "train"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=1500)
+    # its own process group: a timeout ends train.py too, not only make
+    proc = subprocess.Popen(["make", "-s", "train"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=1500)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout)
     assert out.returncode == 0, out.stdout[-3000:]
     (run_dir,) = _run_dirs(tmp / "logs")
     return out.stdout, run_dir
