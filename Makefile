@@ -27,13 +27,17 @@ train: install
 lint: install
 	$(PY) -m ruff check .
 
+# test workers (pytest-xdist): each gets cores / workers torch threads; WORKERS=0 runs the tests in this process
+WORKERS ?= 2
+XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
+
 # everything (what CI runs), then the 15 slowest tests
 test: install
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 # the inner loop: every module on tiny configs, without the learning, benchmark and large-corpus tests (`slow`)
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf logs .cache .pytest_cache

@@ -103,3 +103,36 @@ def hub_offline(monkeypatch):
     for module, flag in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
                          ("datasets.config", "HF_DATASETS_OFFLINE")):
         monkeypatch.setattr(f"{module}.{flag}", True, raising=False)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers), each worker and every process it starts get their share of
+    the cores, so that the workers side by side do not oversubscribe them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`), the tests of a file that share one of its module-scoped fixtures (a
+    trained run, a built corpus) run on one worker, so that the fixture is built once."""
+    for item in items:
+        fixturedefs = item._fixtureinfo.name2fixturedefs.values()
+        if any(d.scope == "module" for defs in fixturedefs for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def pytest_collection_finish(session):
+    """pytest-xdist's loadgroup marks a grouped test by its node id (`...@group`); a pytest whose node ids it cannot
+    change would spread the group over the workers silently, building each module fixture once per test."""
+    if session.config.getvalue("loadgroup"):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): this pytest and "
+                                    "pytest-xdist do not work together for --dist loadgroup; install the versions "
+                                    "pyproject.toml's dev extra asks for (`make install`).")

@@ -129,3 +129,28 @@ def test_fast_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch
     out = run_cli("train.py", "experiment=bert_sst2_finetune", "--cfg", "job", "--resolve")
     assert out.returncode == 0, out.stdout
     assert yaml.safe_load(out.stdout)["trainer"]["precision"] == ("bf16-mixed" if native else "32-true")
+
+
+def test_the_entry_configs_and_the_run_settings_agree_on_every_default():
+    """The run keys have their defaults in two places, the entry configs (what a user reads) and `RunSettings` (what
+    a config that leaves a key out gets): they must say the same, and every run key of an entry config is declared."""
+    import dataclasses
+
+    from attnlab.settings import RunSettings
+
+    declared = {f.name: f for f in dataclasses.fields(RunSettings)}
+    groups = {"defaults", "tags", "data", "model", "trainer", "callbacks", "logger", "paths", "extras", "hydra"}
+    for entry in ("train", "eval"):
+        cfg = OmegaConf.load(CONF_DIR / f"{entry}.yaml")
+        for key in cfg:
+            if key in groups:
+                continue
+            assert key in declared, f"conf/{entry}.yaml: run key {key} is not declared in attnlab.settings.RunSettings"
+            f = declared[key]
+            if key == "task_name" or OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
+                continue  # names the entry point / must be given / follows another key
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
+            if isinstance(value, dict) and default is None:  # a group of settings, all unset, is no setting
+                value = None if all(v is None for v in value.values()) else value
+            assert value == default, f"conf/{entry}.yaml: {key}: {value!r}, RunSettings: {default!r}"
