@@ -65,6 +65,7 @@ def test_crops_and_flips_keep_image_and_mask_exactly_aligned(augment):
     {"crop": "random", "scale": [0.5, 2.0], "hflip": 0.5},
     {"crop": "resized", "scale": [0.1, 1.0], "hflip": 0.5, "vflip": 0.5},
     {"resize": 48, "crop": "random", "scale": [0.7, 1.3]},
+    {"elastic": {"p": 1.0, "std": 6, "grid": 3}, "crop": "random", "hflip": 0.5},
 ])
 def test_resizing_transforms_keep_labels_in_the_class_set_and_aligned(augment):
     image, mask = _pair(120, 160)
@@ -81,6 +82,31 @@ def test_resizing_transforms_keep_labels_in_the_class_set_and_aligned(augment):
         c = (x[2][labelled] + 0.5).floor().long().clamp(0, 159)
         agree = (mask[r, c] == y[labelled]).float().mean()
         assert agree > 0.95, (seed, float(agree))
+
+
+def test_elastic_deformation_bends_the_grid_and_keeps_the_mask_on_the_image():
+    image, mask = _pair(120, 160)
+    t = T.train_pair_transform(120, mean=[0, 0, 0], std=[1, 1, 1], augment={"elastic": {"p": 1.0, "std": 8}})
+    torch.manual_seed(0)
+    x, y = t(image, mask)
+    rows = x[1, 20:100, 20:140]  # the source row of each output pixel, away from the borders
+    # not a rigid move: the source row varies along an output row, smoothly (neighbours move together)
+    assert (rows.max(1).values - rows.min(1).values).mean() > 1.0
+    assert rows.diff(dim=1).abs().max() < 1.5
+    assert set(y.unique().tolist()) <= {0, 1, 2, 3, T.IGNORE_INDEX}
+    torch.manual_seed(0)
+    same = T.RandomElastic(p=0.0)(image, mask)  # p=0: the pair unchanged
+    assert torch.equal(same[0], image) and torch.equal(same[1], mask)
+
+
+@pytest.mark.parametrize("augment, says", [
+    ({"elastc": {"p": 0.5}}, "data.augment.elastc is not a segmentation augmentation"),
+    ({"elastic": {"p": 0.5, "sigma": 3}}, "data.augment.elastic="),
+    ({"crop": "center"}, "data.augment.crop=center"),
+])
+def test_augment_keys_are_checked(augment, says):
+    with pytest.raises(UserError, match=says):
+        T.check_augment(augment)
 
 
 def test_eval_resize_keeps_mask_values():
@@ -109,6 +135,33 @@ def test_miou_equals_the_hand_computation():
     # torchmetrics' own Jaccard index agrees on the classes present
     jac = MulticlassJaccardIndex(4, ignore_index=255, average="none")(pred, target)
     assert jac[:3].tolist() == pytest.approx(iou[:3].tolist())
+
+
+def test_rand_error_counts_merged_and_split_cells():
+    from attnlab.tasks.seg_metrics import RandError, adapted_rand_error
+
+    # two 4x4 cells (class 1) separated by a membrane column (class 0)
+    truth = torch.ones(4, 9, dtype=torch.long)
+    truth[:, 4] = 0
+    metric = RandError(object_class=1)
+    metric.update(truth[None], truth[None])
+    assert float(metric.compute()) == 0.0  # perfect
+    merged = torch.ones(4, 9, dtype=torch.long)  # the membrane missed: one cell
+    metric.update(merged[None], truth[None])
+    # pairs of the 32 cell pixels: truth has 2 x 16^2 - 32 = 480 ordered same-object pairs, the merge 32^2 - 32 = 992,
+    # both agree on 480: precision 480/992, recall 1 -> error 1 - 2pr/(p+r)
+    p = 480 / 992
+    assert float(metric.compute()) == pytest.approx((0 + 1 - 2 * p / (p + 1)) / 2)
+    # a split is an error too, and the order of truth and prediction does not matter for the score
+    t = np.array([[1, 1, 1, 1]]), np.array([[1, 1, 2, 2]])
+    split = adapted_rand_error(*t)
+    assert split > 0 and split == pytest.approx(adapted_rand_error(*t[::-1]))
+    # pixels ignored in the truth are left out
+    ignored = truth.clone()
+    ignored[:, :4] = 255
+    metric.reset()
+    metric.update(merged[None], ignored[None])
+    assert float(metric.compute()) == 0.0
 
 
 # ---- networks and inference

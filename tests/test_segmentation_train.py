@@ -56,6 +56,13 @@ def test_short_membrane_run_beats_the_trivial_prediction(short_run):
     # measured 0.74 (pixel accuracy 0.90) after these 80 steps; the bar: 0.2 above the trivial mIoU
     assert metrics["val/miou"] > trivial_miou + 0.2, (metrics["val/miou"], trivial_miou)
     assert metrics["val/pixel_acc"] > trivial_acc
+    # the challenge's score: the cells found as separate objects, far better than one cell everywhere
+    from attnlab.tasks.seg_metrics import RandError
+
+    truth = torch.stack([torch.from_numpy(np.asarray(Image.open(real_data(MEMBRANE) / "label" / f"{i}.png")) // 255)
+                         for i in range(25, 30)]).long()
+    trivial_rand = float(RandError(object_class=1)(torch.ones_like(truth), truth))
+    assert 0 <= metrics["val/rand_error"] < trivial_rand - 0.3, (metrics["val/rand_error"], trivial_rand)
     # the test split (the same slices) reports a per-class table, logged and printed
     assert metrics["test/miou"] == pytest.approx((metrics["test/iou/membrane"] + metrics["test/iou/cell"]) / 2)
     log = (short_run / "csv" / "metrics.csv").read_text()

@@ -7,13 +7,15 @@ DataLoader's per-worker seeding applies.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
+
+from attnlab.errors import UserError
 
 IGNORE_INDEX = 255
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -123,6 +125,29 @@ class RandomFlip:
         return image, mask
 
 
+class RandomElastic:
+    """Elastic deformation as in the U-Net paper (Ronneberger et al. 2015): displacement vectors drawn on a coarse
+    grid x grid of points with `std` pixels' standard deviation, upsampled bicubically into a smooth per-pixel field
+    and applied to both (image bilinear, mask nearest: labels stay exact). Pixels pulled from outside the image are 0
+    in the image and the ignore index in the mask. Applied with probability p."""
+
+    def __init__(self, p: float = 0.5, std: float = 10.0, grid: int = 3, ignore_index: int = IGNORE_INDEX):
+        self.p, self.std, self.grid, self.ignore_index = float(p), float(std), int(grid), ignore_index
+
+    def displacement(self, h: int, w: int) -> torch.Tensor:
+        """(1, H, W, 2) in torchvision's units: x, y offsets where 2 is the image's width, height."""
+        coarse = torch.randn(1, 2, self.grid, self.grid) * self.std  # (1, 2, g, g) pixels
+        field = F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=True)[0]  # (2, H, W) pixels
+        return torch.stack([field[0] * 2 / w, field[1] * 2 / h], dim=-1)[None]
+
+    def __call__(self, image: torch.Tensor, mask: torch.Tensor) -> Pair:
+        if not self.p or float(torch.rand(())) >= self.p:
+            return image, mask
+        d = self.displacement(*mask.shape)
+        return (TF.elastic_image(image, d, interpolation=InterpolationMode.BILINEAR, fill=0.0),
+                TF.elastic_mask(mask, d, fill=self.ignore_index))
+
+
 def pad_to(image: torch.Tensor, mask: torch.Tensor, size: int, ignore_index: int = IGNORE_INDEX) -> Pair:
     """Pad bottom/right to at least size x size."""
     h, w = mask.shape
@@ -133,12 +158,40 @@ def pad_to(image: torch.Tensor, mask: torch.Tensor, size: int, ignore_index: int
     return image, mask
 
 
+AUGMENT_KEYS = {"resize": "shorter side before everything", "elastic": "{p, std, grid}: elastic deformation",
+                "scale": "[lo, hi] scale jitter", "crop": "random | resized", "hflip": "probability",
+                "vflip": "probability"}
+ELASTIC_KEYS = ("p", "std", "grid")
+
+
+def check_augment(augment: dict[str, Any] | None) -> dict[str, Any]:
+    """data.augment with every key known (a misspelt one would silently do nothing)."""
+    a = dict(augment or {})
+    unknown = sorted(set(a) - set(AUGMENT_KEYS))
+    if unknown:
+        known = ", ".join(f"{k} ({v})" for k, v in AUGMENT_KEYS.items())
+        raise UserError(f"data.augment.{unknown[0]} is not a segmentation augmentation: the keys are {known}.")
+    if a.get("crop", "random") not in ("random", "resized"):
+        raise UserError(f"data.augment.crop={a['crop']}: use random (a crop of data.image_size after "
+                        "scale jitter) or resized (a random area resized to data.image_size).")
+    elastic = a.get("elastic")
+    if elastic is not None and not isinstance(elastic, Mapping) or set(elastic or {}) - set(ELASTIC_KEYS):
+        raise UserError(f"data.augment.elastic={elastic}: give {{p: 0.5, std: 10, grid: 3}} (probability, "
+                        "standard deviation in pixels of the displacements on a grid x grid of points), or null.")
+    if elastic:
+        a["elastic"] = dict(elastic)
+    return a
+
+
 def train_pair_transform(size: int, mean: Sequence[float], std: Sequence[float],
                          augment: dict[str, Any] | None) -> Compose:
-    """`augment`: resize (shorter side, first), scale [lo, hi] (jitter before the crop, or the area range of
-    crop=resized), crop random | resized, hflip / vflip probabilities. With augment=null: a plain random crop."""
+    """`augment`: resize (shorter side, first), elastic (a deformation of the whole image: probability p, std
+    pixels on a grid x grid), scale [lo, hi] (jitter before the crop, or the area range of crop=resized), crop random
+    | resized, hflip / vflip probabilities. With augment=null: a plain random crop."""
     a = dict(augment or {})
     steps: list = [Normalize(mean, std)] + ([ResizeShorter(a["resize"])] if a.get("resize") else [])
+    if a.get("elastic"):
+        steps.append(RandomElastic(**a["elastic"]))
     if a.get("crop", "random") == "resized":
         steps.append(RandomResizedCrop(size, scale=a.get("scale") or (0.25, 1.0)))
     else:

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from attnlab.data.base import BaseDataModule, split_by_fraction
 from attnlab.data.images import IMAGE_EXTENSIONS
 from attnlab.data.info import DataInfo
-from attnlab.data.seg_transforms import IGNORE_INDEX, eval_pair_transform, train_pair_transform
+from attnlab.data.seg_transforms import IGNORE_INDEX, check_augment, eval_pair_transform, train_pair_transform
 from attnlab.errors import UserError
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}
@@ -278,10 +278,7 @@ class SegmentationDataModule(BaseDataModule):
         if len(self.palette) < self.num_classes:
             raise UserError(f"data.palette has {len(self.palette)} colours for {self.num_classes} classes: "
                             "give one [r, g, b] per class, or remove it for the default colours.")
-        self.augment = dict(augment or {})
-        if self.augment.get("crop", "random") not in ("random", "resized"):
-            raise UserError(f"data.augment.crop={self.augment['crop']}: use random (a crop of data.image_size after "
-                            "scale jitter) or resized (a random area resized to data.image_size).")
+        self.augment = check_augment(augment)
         self.eval_resize, self.samples_per_epoch = eval_resize, samples_per_epoch
 
     def info(self) -> DataInfo:

@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from attnlab.errors import UserError
 from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
+from attnlab.tasks.seg_metrics import RandError
 from attnlab.utils.media import denormalize, log_table, save_media
 from attnlab.utils.seg_media import overlay_grid
 
@@ -104,11 +105,14 @@ class Segmenter(BaseTask):
         palette: list[list[int]] | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        rand_error_class: int | str | None = None,
         arch: str | None = None,
         **settings: Any,
     ):
         """`net`: the network (`unet`, or `encoder_decoder`: a timm `backbone` under an smp `head`); its settings are
-        the other keywords it takes. `arch` is the name checkpoints written before `net` used."""
+        the other keywords it takes. `rand_error_class` (a class index or name): also log `val/rand_error` and
+        `test/rand_error`, the Rand error of that class's objects (ISBI 2012: the cells). `arch` is the name
+        checkpoints written before `net` used."""
         net = arch or net
         network, base = create_network(net, settings | dict(num_classes=num_classes, in_chans=in_chans,
                                                              img_size=img_size))
@@ -145,8 +149,20 @@ class Segmenter(BaseTask):
         self.std = list(std or [0.5] * in_chans)
         cm = dict(num_classes=num_classes, ignore_index=ignore_index, validate_args=False)
         self.val_cm, self.test_cm = MulticlassConfusionMatrix(**cm), MulticlassConfusionMatrix(**cm)
+        self.val_rand = self.test_rand = None
+        if rand_error_class is not None:
+            obj = self._class_index(rand_error_class)
+            self.val_rand, self.test_rand = RandError(obj, ignore_index), RandError(obj, ignore_index)
         self._media: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.test_iou: dict[str, float] = {}
+
+    def _class_index(self, cls: int | str) -> int:
+        if isinstance(cls, str) and cls in self.class_names:
+            return self.class_names.index(cls)
+        if isinstance(cls, int) and 0 <= cls < len(self.class_names):
+            return cls
+        raise UserError(f"model.rand_error_class={cls} is not a class: give an index 0..{len(self.class_names) - 1} "
+                        f"or a name of data.classes ({', '.join(self.class_names)}).")
 
     # ---- forward
     def no_weight_decay(self) -> set[str]:
@@ -189,17 +205,20 @@ class Segmenter(BaseTask):
         self.log_train_loss(loss, x.shape[0], epoch_mean=True)
         return loss
 
-    def _eval_step(self, batch, cm: MulticlassConfusionMatrix, stage: str) -> torch.Tensor:
+    def _eval_step(self, batch, cm: MulticlassConfusionMatrix, rand: RandError | None, stage: str) -> torch.Tensor:
         x, y = batch
         logits = self.infer(x)
         self.log(f"{stage}/loss", self.loss(logits, y), on_epoch=True, prog_bar=stage == "val", sync_dist=True,
                  batch_size=x.shape[0])
         pred = logits.argmax(1)  # (B, H, W)
         cm.update(pred, y)
+        if rand is not None:
+            rand.update(pred, y)
+            self.log(f"{stage}/rand_error", rand, on_epoch=True, on_step=False)
         return pred
 
     def validation_step(self, batch, batch_idx):
-        pred = self._eval_step(batch, self.val_cm, "val")
+        pred = self._eval_step(batch, self.val_cm, self.val_rand, "val")
         x, y = batch
         for i in range(min(len(x), self.hparams.media_images - len(self._media))):
             self._media.append((denormalize(x[i], self.mean, self.std), y[i].cpu().numpy(), pred[i].cpu().numpy()))
@@ -223,7 +242,7 @@ class Segmenter(BaseTask):
                           "image | ground truth | prediction")
 
     def test_step(self, batch, batch_idx):
-        return self._eval_step(batch, self.test_cm, "test")
+        return self._eval_step(batch, self.test_cm, self.test_rand, "test")
 
     def on_test_epoch_end(self):
         iou, miou, acc = iou_from_confusion(self.test_cm.compute())
