@@ -130,7 +130,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """pytest-xdist's loadgroup marks a grouped test by its node id (`...@group`); a pytest whose node ids it cannot
     change would spread the group over the workers silently, building each module fixture once per test."""
-    if session.config.getvalue("loadgroup"):
+    if os.environ.get("PYTEST_XDIST_WORKER") and session.config.getoption("dist", default="no") == "loadgroup":
         lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
         if lost:
             raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): this pytest and "

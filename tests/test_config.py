@@ -20,22 +20,38 @@ EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
-def kinds(tmp_path_factory):
-    """The data kind of every data config and the kinds every model config accepts, each composed once."""
+def composed(tmp_path_factory):
+    """Every data config and every model config, each composed once. A model or data config is a node of its own
+    group (none is `@package _global_`), so the pair model=M data=D composes to M's config with D's data node: the
+    test below builds the pairs that way and checks it against Hydra on one pair of each model."""
     tmp = tmp_path_factory.mktemp("kinds")
-    data = {d: compose_cfg([f"data={d}"], tmp).data.kind for d in DATA}
-    models = {m: list(compose_cfg([f"model={m}"], tmp).model.data_kinds) for m in MODELS}
-    return data, models
+    data = {d: compose_cfg([f"data={d}"], tmp) for d in DATA}
+    models = {m: compose_cfg([f"model={m}"], tmp) for m in MODELS}
+    return data, models, tmp
+
+
+def pair(composed, model: str, data: str):
+    data_cfgs, model_cfgs, _ = composed
+    cfg = model_cfgs[model].copy()
+    cfg.data = data_cfgs[data].data.copy()
+    return cfg
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
-def test_every_model_composes_with_every_data_config_or_is_refused(tmp_path, model, kinds):
-    data_kinds, accepted = kinds
-    compatible = [d for d in DATA if data_kinds[d] in accepted[model]]
+def test_every_model_composes_with_every_data_config_or_is_refused(tmp_path, model, composed):
+    data_cfgs, model_cfgs, _ = composed
+    data_kinds = {d: c.data.kind for d, c in data_cfgs.items()}
+    accepted = list(model_cfgs[model].model.data_kinds)
+    compatible = [d for d in DATA if data_kinds[d] in accepted]
     assert compatible, f"model={model} takes no data config"
+    # the pairs built from the configs composed alone are what Hydra composes
+    by_hydra = compose_cfg([f"model={model}", f"data={compatible[-1]}"], tmp_path)
+    built = pair(composed, model, compatible[-1])
+    for node in ("model", "data", "optimizer", "trainer"):
+        assert OmegaConf.to_container(by_hydra[node]) == OmegaConf.to_container(built[node]), node
     for data in compatible:
-        cfg = compose_cfg([f"model={model}", f"data={data}"], tmp_path)
+        cfg = pair(composed, model, data)
         assert cfg.data.kind in cfg.model.data_kinds  # as the two configs alone said
         check_compatible(cfg)
         resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -50,6 +66,9 @@ def test_every_model_composes_with_every_data_config_or_is_refused(tmp_path, mod
     for data in {data_kinds[d]: d for d in others}.values():
         with pytest.raises(UserError, match="Compatible data configs"):
             check_compatible(compose_cfg([f"model={model}", f"data={data}"], tmp_path))
+    for data in others:
+        with pytest.raises(UserError, match="Compatible data configs"):
+            check_compatible(pair(composed, model, data))
 
 
 def test_incompatible_pair_names_the_compatible_choices(tmp_path):

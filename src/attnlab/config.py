@@ -142,9 +142,9 @@ def register_resolvers() -> None:
 
 
 def _group_options(group: str) -> dict[str, dict]:
-    options = {}
+    options, loader = {}, getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
-        options[path.stem] = yaml.safe_load(path.read_text()) or {}
+        options[path.stem] = yaml.load(path.read_text(), Loader=loader) or {}
     return options
 
 

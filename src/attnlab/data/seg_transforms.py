@@ -89,6 +89,19 @@ class RandomCrop:
                 mask[top:top + self.size, left:left + self.size])
 
 
+class CenterCrop:
+    """The central size x size window."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+
+    def __call__(self, image: torch.Tensor, mask: torch.Tensor) -> Pair:
+        h, w = mask.shape
+        top, left = (h - self.size) // 2, (w - self.size) // 2
+        return (image[:, top:top + self.size, left:left + self.size],
+                mask[top:top + self.size, left:left + self.size])
+
+
 class RandomResizedCrop:
     """A random window of `scale` x the area and `ratio` aspect, resized to size x size (Inception-style)."""
 
@@ -185,19 +198,22 @@ def check_augment(augment: dict[str, Any] | None) -> dict[str, Any]:
 
 def train_pair_transform(size: int, mean: Sequence[float], std: Sequence[float],
                          augment: dict[str, Any] | None) -> Compose:
-    """`augment`: resize (shorter side, first), elastic (a deformation of the whole image: probability p, std
-    pixels on a grid x grid), scale [lo, hi] (jitter before the crop, or the area range of crop=resized), crop random
+    """`augment`: resize (shorter side, first), elastic (a deformation: probability p, std pixels on a grid x grid
+    of points; of a crop with a margin of 3 std, then its centre), scale [lo, hi] (jitter before the crop, or the area range of crop=resized), crop random
     | resized, hflip / vflip probabilities. With augment=null: a plain random crop."""
     a = dict(augment or {})
     steps: list = [Normalize(mean, std)] + ([ResizeShorter(a["resize"])] if a.get("resize") else [])
-    if a.get("elastic"):
-        steps.append(RandomElastic(**a["elastic"]))
+    elastic = RandomElastic(**a["elastic"]) if a.get("elastic") else None
     if a.get("crop", "random") == "resized":
-        steps.append(RandomResizedCrop(size, scale=a.get("scale") or (0.25, 1.0)))
+        steps += [RandomResizedCrop(size, scale=a.get("scale") or (0.25, 1.0))] + ([elastic] if elastic else [])
     else:
         if a.get("scale"):
             steps.append(RandomScale(*a["scale"]))
-        steps.append(RandomCrop(size))
+        if elastic:  # deform a crop with a margin the displacements reach into, then keep its centre
+            margin = math.ceil(3 * elastic.std)
+            steps += [RandomCrop(size + 2 * margin), elastic, CenterCrop(size)]
+        else:
+            steps.append(RandomCrop(size))
     steps += [RandomFlip(a.get("hflip", 0.0), -1), RandomFlip(a.get("vflip", 0.0), -2)]
     return Compose(steps)
 
