@@ -120,11 +120,14 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`), the tests of a file that share one of its module-scoped fixtures (a
-    trained run, a built corpus) run on one worker, so that the fixture is built once."""
+    trained run, a built corpus) run on one worker, so that the fixture is built once; and the slow tests are handed
+    out first, so that the workers end together instead of one waiting for a long test handed out last."""
     for item in items:
         fixturedefs = item._fixtureinfo.name2fixturedefs.values()
         if any(d.scope == "module" for defs in fixturedefs for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each kind
 
 
 def pytest_collection_finish(session):

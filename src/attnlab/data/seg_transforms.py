@@ -199,8 +199,9 @@ def check_augment(augment: dict[str, Any] | None) -> dict[str, Any]:
 def train_pair_transform(size: int, mean: Sequence[float], std: Sequence[float],
                          augment: dict[str, Any] | None) -> Compose:
     """`augment`: resize (shorter side, first), elastic (a deformation: probability p, std pixels on a grid x grid
-    of points; of a crop with a margin of 3 std, then its centre), scale [lo, hi] (jitter before the crop, or the area range of crop=resized), crop random
-    | resized, hflip / vflip probabilities. With augment=null: a plain random crop."""
+    of points; of a crop with a margin of 3 std, then its centre), scale [lo, hi] (jitter before the crop, or the
+    area range of crop=resized), crop random | resized, hflip / vflip probabilities. With augment=null: a plain
+    random crop."""
     a = dict(augment or {})
     steps: list = [Normalize(mean, std)] + ([ResizeShorter(a["resize"])] if a.get("resize") else [])
     elastic = RandomElastic(**a["elastic"]) if a.get("elastic") else None
