@@ -77,16 +77,16 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     # 3. and again, to the end
     out = run_cli("train.py", *SWEEP, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
-    assert "was interrupted: it runs again" in out.stdout
+    assert "was interrupted" in out.stdout
 
     study = _study(logs)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(complete) == 4  # the total asked for, over the three commands
     assert failed and all(t.user_attrs.get("interrupted") for t in failed)  # at least the killed one
-    for t in failed:  # each interrupted trial ran again with its parameters
-        (rerun,) = [c for c in complete if c.user_attrs.get("rerun_of") == t.number]
-        assert rerun.params == t.params
+    for t in failed:  # each interrupted trial ran again with its parameters (one killed before it drew any: not)
+        reruns = [c for c in complete if c.user_attrs.get("rerun_of") == t.number]
+        assert [r.params for r in reruns] == ([t.params] if t.params else [])
     # a seeded sampler does not draw its first points again in a continued study
     drawn = [tuple(sorted(t.params.items())) for t in complete if "rerun_of" not in t.user_attrs]
     assert len(set(drawn)) == len(drawn), drawn

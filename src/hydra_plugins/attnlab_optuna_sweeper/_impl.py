@@ -147,6 +147,10 @@ class OptunaSweeperImpl(Sweeper):
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
             study.tell(trial.number, state=TrialState.FAIL)
+            if not trial.params:  # stopped between ask and its first parameter: nothing of it to run again
+                log.warning(f"Trial {trial.number} of study '{name}' was interrupted before its parameters were "
+                            "drawn: a new trial takes its place.")
+                continue
             study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
             log.warning(f"Trial {trial.number} of study '{name}' was interrupted: it runs again.")
         return study
