@@ -1,4 +1,5 @@
-"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points in subprocesses."""
+"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points in new processes
+(forked from a process that has imported torch, Lightning and Hydra once: tests/prefork.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+import prefork
 from attnlab.config import CONF_DIR, register_resolvers
 from fixtures import small_data  # noqa: F401  (the small made-up datasets, a session fixture)
 
@@ -73,8 +75,9 @@ def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600
     full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(data_dir or DATA_DIR)} | (env or {})
     launcher = [sys.executable, *OWN_PEAK_LAUNCHER] if own_peak_memory else []
     # its own process group: a timeout ends what the script started too (a benchmark's train.py, DDP workers)
-    proc = subprocess.Popen([*launcher, sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = (subprocess.Popen if own_peak_memory else prefork.Popen)(
+        [*launcher, sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -115,6 +118,7 @@ def pytest_configure(config):
         threads = max(1, (os.cpu_count() or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
+    prefork.configure(os.environ)  # the environment its server imports under, before any test changes it
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from attnlab.compare import compare, main, show_diff
+import prefork
 from conftest import ROOT, run_cli
 
 QUICK = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
@@ -124,8 +125,8 @@ def test_bad_input_is_one_paragraph(grid, tmp_path, capsys, args, message):
 @pytest.mark.slow
 def test_python_m_attnlab_compare(grid):
     sweep, _ = grid
-    out = subprocess.run([sys.executable, "-m", "attnlab.compare", str(sweep), "--metrics", "val/acc_best"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = prefork.run([sys.executable, "-m", "attnlab.compare", str(sweep), "--metrics", "val/acc_best"],
+                      cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ImageClassifier: 4 run(s)" in out.stdout, out.stderr[-2000:]
     assert json.loads((sweep / "0" / "metrics.json").read_text())
 

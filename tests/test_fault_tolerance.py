@@ -19,6 +19,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO
+import prefork
 from conftest import ROOT, DATA_DIR
 
 
@@ -43,7 +44,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, mon
 def test_sigterm_saves_the_current_step_before_exit(tmp_path):
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
                         "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
+    proc = prefork.Popen(
         [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=50", "extras.print_config=false",
          "callbacks.progress_bar=null", f"hydra.run.dir={tmp_path}/run"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -80,7 +81,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     steps_per_epoch = 1258 // 32  # digits' training split, data.batch_size=32, last partial batch dropped
 
     def run(run_dir):
-        out = subprocess.run([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        out = prefork.run([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:]
         return out.stdout
@@ -89,7 +90,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
 
     run_dir = tmp_path / "killed"
     last = run_dir / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    proc = prefork.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     step, deadline = 0, time.time() + 300
     while proc.poll() is None and time.time() < deadline:  # kill in the second epoch, after a mid-epoch save

@@ -26,6 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 from PIL import Image
 
+import prefork
 from attnlab.config import CONF_DIR
 from conftest import ROOT
 from fixtures import caption_pairs
@@ -255,8 +256,8 @@ class Runner:
         self.in_process(entry, args)
 
     def subprocess(self, argv: list[str], env_prefix: dict) -> None:
-        out = subprocess.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        out = prefork.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
         assert out.returncode == 0, f"{' '.join(argv)}\n{out.stdout[-4000:]}"
         runs = sorted(self.cwd.glob("logs/*/runs/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
         if runs:

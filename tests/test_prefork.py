@@ -1,0 +1,64 @@
+"""tests/prefork.py: a forked child runs a script as `python` runs it (what the entry-point tests rely on)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import prefork
+from conftest import FAST, ROOT, compose_cfg
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    print(__name__, sys.argv[1:], os.getcwd(), os.environ.get("PREFORK_PROBE"), sys.path[0] == os.path.dirname(__file__))
+    print("to stderr", file=sys.stderr)
+    if sys.argv[1] == "fail":
+        raise ValueError("a bug")
+    if sys.argv[1] == "sleep":
+        import time; time.sleep(60)
+    sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+""")
+
+
+def test_a_forked_script_behaves_as_a_new_python_process(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT)
+    env = {**prefork.server().env, "PREFORK_PROBE": "seen"}
+    for arg in ("0", "3", "fail", "a message"):
+        runs = [impl.run([sys.executable, str(script), arg], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60) for impl in (prefork, subprocess)]
+        forked, real = runs
+        assert forked.returncode == real.returncode and forked.stdout == real.stdout, (arg, forked, real)
+        assert forked.stderr.splitlines()[0] == real.stderr.splitlines()[0] == "to stderr"
+        assert forked.stderr.splitlines()[-1] == real.stderr.splitlines()[-1], (forked.stderr, real.stderr)
+    assert forked.stdout == f"__main__ ['a message'] {tmp_path} seen True\n"
+
+
+def test_a_forked_process_is_its_own_to_signal_and_an_import_time_variable_forces_a_real_one(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT)
+    proc = prefork.Popen([sys.executable, str(script), "sleep"], cwd=tmp_path, env=prefork.server().env,
+                         stdout=subprocess.DEVNULL)
+    assert isinstance(proc, prefork.Forked) and proc.poll() is None
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    other = prefork.Popen([sys.executable, str(script), "0"], env={**prefork.server().env, "OMP_NUM_THREADS": "7"},
+                          stdout=subprocess.DEVNULL)
+    assert isinstance(other, subprocess.Popen) and other.wait(timeout=60) == 0
+
+
+def test_the_entry_points_are_forked_after_a_training_in_the_test_process(tmp_path):
+    """Lightning and torch set variables of their own while a test trains in-process (PL_GLOBAL_SEED, KMP_*, ...):
+    they must not make every later command a real process."""
+    from attnlab.cli.training import train
+
+    train(compose_cfg(["trainer.fast_dev_run=true", *FAST], tmp_path))
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(tmp_path)}
+    proc = prefork.Popen([sys.executable, str(ROOT / "train.py"), "--help"], env=env, stdout=subprocess.DEVNULL)
+    assert isinstance(proc, prefork.Forked), sorted(k for k in env if env[k] != prefork.server().env.get(k))
+    assert proc.wait(timeout=60) == 0
