@@ -54,8 +54,8 @@ def test_force_starts_a_refused_run(small_data, tmp_path, monkeypatch, caplog):
     ["model=bert_small", "data=tinyshakespeare", "data.objective=masked", "data.batch_size=4", "model.n_layer=1"],  # boolean indexing: real slice
 ], ids=["vit", "unet", "bert"])
 def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
-    cfg = compose_cfg([*overrides, *FAST], tmp_path, data_dir=small_data)
-    prepare(cfg)
+    cfg = compose_cfg([*overrides, *FAST, f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path, data_dir=small_data)
+    prepare(cfg)  # a cache of its own: the step is traced, not read from an earlier test's estimate
     torch.manual_seed(0)
     dm = builders.build_datamodule(cfg.data)
     task = builders.build_task(cfg, dm)
@@ -83,6 +83,31 @@ def test_activations_follow_the_batch_and_the_attention_kernel(small_data, tmp_p
     fused, math_path = act("data.block_size=256", "model.dropout=0.0"), act("data.block_size=256", "model.dropout=0.1")
     assert fused < 5 * base  # linear in T with the fused kernel
     assert math_path > 2 * fused  # the B x H x T^2 scores, their softmax and dropout mask
+
+
+def test_a_traced_step_is_kept_and_read_back_only_for_the_same_network_and_batch(small_data, tmp_path, monkeypatch):
+    traced = []
+    real = memory.activation_bytes
+    monkeypatch.setattr(memory, "activation_bytes", lambda *a: traced.append(1) or real(*a))
+
+    def estimate(*extra):
+        cfg = compose_cfg([*GPT_SMALL, *extra, *FAST], tmp_path, data_dir=small_data)
+        prepare(cfg)
+        dm = builders.build_datamodule(cfg.data)
+        return memory.estimate(builders.build_task(cfg, dm), dm, {}, cache_dir=str(tmp_path / "cache"))
+
+    first = estimate().terms["activations"]
+    assert estimate().terms["activations"] == first and len(traced) == 1  # read back
+    assert len(list((tmp_path / "cache" / "memory").glob("*.json"))) == 1
+    wider = estimate("model.n_embd=64").terms["activations"]
+    shorter = estimate("data.block_size=128").terms["activations"]
+    no_dropout = estimate("model.dropout=0.0").terms["activations"]
+    assert len(traced) == 4 and wider > first and shorter < first and no_dropout < first  # each another key
+    (tmp_path / "cache" / "memory").chmod(0o500)  # a read-only cache: traced, not refused
+    try:
+        assert estimate("model.n_head=4").terms["activations"] > 0 and len(traced) == 5
+    finally:
+        (tmp_path / "cache" / "memory").chmod(0o700)
 
 
 def test_the_limits_per_process_and_on_a_gpu(monkeypatch):

@@ -12,6 +12,9 @@ The estimate adds, per process:
   `scaled_dot_product_attention` cannot use a fused kernel and not where it can. Kernels also allocate what the
   trace cannot see (oneDNN's reordered copies of convolution inputs, workspaces) and the allocator keeps freed
   blocks: the traced peak is counted 1.25 times (the measured peaks were 1.1-1.5 times the trace on CPU).
+  The traced peak is kept in `<paths.cache_dir>/memory/`, keyed by everything it depends on (the network as
+  printed, the task's settings and code, the batch's shapes and dtypes, the precision, the library versions): the
+  trace takes from about a second (a small ViT) to ten (Swin-T), and the jobs of a sweep repeat it.
 It is compared with 90% of the memory available (MemAvailable plus what this process holds, divided among the
 local processes of a DDP run) on CPU, and with 90% of the free device memory on a GPU.
 """
@@ -152,7 +155,7 @@ _PRECISION_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int = 1,
-             on_gpu: bool = False) -> MemoryEstimate | None:
+             on_gpu: bool = False, cache_dir: str | None = None) -> MemoryEstimate | None:
     batch = sample_batch(dm)
     if batch is None:
         return None
@@ -175,13 +178,64 @@ def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int
         est.terms["process"] = process_rss()  # libraries, data in memory, the weights
     est.terms["gradients"] = trainable // shard
     est.terms["optimizer state"] = int(ratio * trainable) // shard
-    activations = activation_bytes(task, batch, dtype)
+    activations = cached_activation_bytes(task, batch, dtype, cache_dir)
     if activations is None:
         return None
     est.terms["activations"] = int(_UNSEEN * activations)
     est.batch_dims = {int(d) for t in tree_leaves(batch) if isinstance(t, torch.Tensor) for d in t.shape}
     est.available = _available(on_gpu, processes)
     return est
+
+
+def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: str | None) -> int | None:
+    """activation_bytes, read from cache_dir when a step of the same network, settings, code and batch shapes was
+    traced before (and written there after a trace)."""
+    if not cache_dir:
+        return activation_bytes(task, batch, dtype)
+    import hashlib
+    import inspect
+    import json
+    from pathlib import Path
+
+    from attnlab.utils.atomic import write_text
+
+    sources = []
+    for obj in {type(task), type(getattr(task, "net", task))}:
+        try:
+            sources.append(hashlib.sha256(Path(inspect.getfile(obj)).read_bytes()).hexdigest())
+        except (TypeError, OSError):  # defined in a notebook or a REPL: no file to read
+            return activation_bytes(task, batch, dtype)
+    key = {"task": f"{type(task).__module__}.{type(task).__qualname__}", "network": repr(task),
+           "hparams": repr(sorted(dict(getattr(task, "hparams", {}) or {}).items())), "sources": sorted(sources),
+           "trainable": [(n, p.shape) for n, p in task.named_parameters() if p.requires_grad],
+           "batch": [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in tree_leaves(batch)],
+           "autocast": dtype, "versions": _versions()}
+    digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:24]
+    path = Path(cache_dir) / "memory" / f"{digest}.json"
+    try:
+        return int(json.loads(path.read_text())["activation_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    peak = activation_bytes(task, batch, dtype)
+    if peak is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(path, json.dumps({"activation_bytes": peak}))
+        except OSError as e:  # a read-only or full cache folder: the next run traces again
+            log.debug("memory: estimate not cached (%s)", e)
+    return peak
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"torch": torch.__version__}
+    for name in ("attnlab", "timm", "lightning", "transformers", "segmentation-models-pytorch"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def _available(on_gpu: bool, processes: int) -> int | None:
@@ -253,7 +307,8 @@ def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | Non
         node["lr"] = node.get("lr") or 1e-3
         factory = instantiate(node | {"_partial_": True})
     try:
-        est = estimate(task, dm, trainer_cfg, factory, processes=device_count(cfg.trainer), on_gpu=on_gpu)
+        est = estimate(task, dm, trainer_cfg, factory, processes=device_count(cfg.trainer), on_gpu=on_gpu,
+                       cache_dir=(cfg.get("paths") or {}).get("cache_dir"))
     except UserError:
         raise
     except Exception as e:  # the estimate is a look before the run, never what stops it
