@@ -98,6 +98,7 @@ def test_a_traced_step_is_kept_and_read_back_only_for_the_same_network_and_batch
 
     first = estimate().terms["activations"]
     assert estimate().terms["activations"] == first and len(traced) == 1  # read back
+    assert estimate("optimizer.lr=0.5").terms["activations"] == first and len(traced) == 1  # a sweep's jobs
     assert len(list((tmp_path / "cache" / "memory").glob("*.json"))) == 1
     wider = estimate("model.n_embd=64").terms["activations"]
     shorter = estimate("data.block_size=128").terms["activations"]

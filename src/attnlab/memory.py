@@ -187,6 +187,10 @@ def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int
     return est
 
 
+# task settings a traced step does not depend on (no optimizer step is traced): a sweep over them reads one trace
+_NOT_IN_THE_STEP = {"optimizer", "scheduler", "monitor", "monitor_mode"}
+
+
 def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: str | None) -> int | None:
     """activation_bytes, read from cache_dir when a step of the same network, settings, code and batch shapes was
     traced before (and written there after a trace)."""
@@ -206,7 +210,8 @@ def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: s
         except (TypeError, OSError):  # defined in a notebook or a REPL: no file to read
             return activation_bytes(task, batch, dtype)
     key = {"task": f"{type(task).__module__}.{type(task).__qualname__}", "network": repr(task),
-           "hparams": repr(sorted(dict(getattr(task, "hparams", {}) or {}).items())), "sources": sorted(sources),
+           "hparams": repr(sorted((k, v) for k, v in dict(getattr(task, "hparams", {}) or {}).items()
+                                  if k not in _NOT_IN_THE_STEP)), "sources": sorted(sources),
            "trainable": [(n, p.shape) for n, p in task.named_parameters() if p.requires_grad],
            "batch": [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in tree_leaves(batch)],
            "autocast": dtype, "versions": _versions()}
