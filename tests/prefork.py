@@ -58,37 +58,21 @@ def child(request):
     os.environ.update(request["env"])
     random.seed()
     sys.argv = list(request["argv"])
-    try:
+    from attnlab.cli.app import run_process  # the end of a process, as the entry points end theirs
+
+    def main():
         if request["module"]:
             sys.path[0] = os.getcwd()
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
             runpy.run_path(sys.argv[0], run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    except KeyboardInterrupt:
+
+    try:
+        run_process(main)
+    except BaseException:  # what python prints for an uncaught exception, then exit status 1
         traceback.print_exc()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    import atexit
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code or 0)
+        run_process(lambda: sys.exit(1))
 
 
 def reap(conn, pid):
