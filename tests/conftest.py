@@ -93,6 +93,13 @@ def log_env(tmp_path):
     return {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
 
 
+def wandb_offline(folder) -> dict[str, str]:
+    """Environment for W&B offline with its folders (settings, cache, staging) under `folder`, away from the user's
+    own; HOME stays as it is, so that the command can run forked (prefork.py)."""
+    return {"WANDB_API_KEY": "", "WANDB_MODE": "offline", **{f"WANDB_{k}_DIR": str(Path(folder) / "wandb-home" / k.lower())
+                                                              for k in ("CONFIG", "CACHE", "DATA")}}
+
+
 # quiet, quick settings for in-process training runs
 FAST = ["callbacks.progress_bar=null", "callbacks.model_summary=null", "extras.print_config=false"]
 

@@ -15,7 +15,7 @@ import torch
 import yaml
 from PIL import Image
 
-from conftest import ROOT, DATA_DIR, run_cli
+from conftest import ROOT, DATA_DIR, run_cli, wandb_offline
 
 QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
          "trainer.limit_test_batches=2", "extras.print_config=false", "callbacks.progress_bar=null"]
@@ -182,7 +182,8 @@ def wandb_records(offline_run: Path):
 
 @pytest.mark.slow
 def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_path, log_env):
-    env = log_env | {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
+    # no key: none in the environment, none in the netrc file W&B reads (HOME stays, so train.py runs forked)
+    env = log_env | wandb_offline(tmp_path) | {"WANDB_MODE": "", "NETRC": str(tmp_path / "no-netrc")}
     out = run_cli("train.py", "logger=wandb", *QUICK, "test=false", "logger.wandb.log_model=true",
                   "logger.wandb.group=ablation-1", "tags=[vit,digits,baseline]", env=env)
     assert out.returncode == 0, out.stdout[-3000:]

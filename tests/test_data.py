@@ -4,6 +4,7 @@ on made-up folders; the offline CIFAR-10 / MNIST copies load with their document
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,8 +28,8 @@ def test_digits_splits_and_augmentation():
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 1, 8, 8) and y.dtype == torch.long
     assert -1.0 <= x.min() and x.max() <= 1.0
-    a, b = dm.train_set[0][0], dm.train_set[0][0]
-    assert not torch.equal(a, b)  # a fresh random affine each time
+    dm.trainer = SimpleNamespace(training=True)  # augmented on the device, a fresh random affine each time
+    assert not torch.equal(dm.on_after_batch_transfer((x, y), 0)[0], dm.on_after_batch_transfer((x, y), 0)[0])
     assert torch.equal(dm.val_set[0][0], dm.val_set[0][0])
     other = DigitsDataModule(kind="images", seed=7)
     other.setup()

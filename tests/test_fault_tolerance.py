@@ -20,7 +20,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 import prefork
-from conftest import ROOT, DATA_DIR
+from conftest import ROOT, DATA_DIR, wandb_offline
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
@@ -74,7 +74,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     last.ckpt at the same step, the same batch of the epoch and the same random state, in the same W&B run, and
     ends exactly where an uninterrupted run ends."""
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
-                        "PYTHONUNBUFFERED": "1", "HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
+                        "PYTHONUNBUFFERED": "1", **wandb_offline(tmp_path)}
     args = [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=2", "logger=[csv,wandb]",
             "callbacks.model_checkpoint.every_n_train_steps=5", "extras.print_config=false",
             "callbacks.progress_bar=null", "callbacks.model_summary=null"]
@@ -260,6 +260,27 @@ def test_a_monitored_metric_never_logged_is_named_with_what_is_logged(monitor, w
     else:  # found at the first validation: the training so far is kept
         assert f"The training so far is saved in {last}" in err
         assert torch.load(last, weights_only=False)["global_step"] == 2
+
+
+def test_wandb_credentials_are_looked_for_where_wandb_reads_them(tmp_path, monkeypatch):
+    """`wandb login` writes the key to $NETRC when it is set, else to ~/.netrc: the offline decision (no key: log
+    offline) reads the same file W&B would."""
+    from attnlab.loggers import wandb_has_credentials
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password k" + "0" * 39 + "\n")
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("WANDB_API_KEY", "NETRC", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    assert wandb_has_credentials()
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))  # W&B reads only this one now
+    assert not wandb_has_credentials()
+    (tmp_path / "elsewhere").write_text((home / ".netrc").read_text())
+    monkeypatch.setenv("NETRC", str(tmp_path / "elsewhere"))
+    assert wandb_has_credentials()
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")  # a key for another host does not count
+    assert not wandb_has_credentials()
 
 
 @pytest.mark.slow

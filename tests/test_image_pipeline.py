@@ -101,6 +101,41 @@ def test_float_batches_pass_through_unchanged():
     assert _folder_like().on_after_batch_transfer(user, 0) is user
 
 
+@pytest.mark.parametrize("size", [(8, 8), (8, 10)])
+def test_the_batched_affine_is_torchvisions_with_one_draw_per_image(size):
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    from attnlab.data.transforms import affine, random_affine
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, *size, generator=g)
+    angle, zoom = torch.tensor([0.0, 90.0, -30.0, 12.0, 7.0]), torch.tensor([1.0, 1.0, 1.0, 1.1, 0.9])
+    shift = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, -2.0], [1.0, 0.0], [2.0, 1.0]])
+    out = affine(x, angle, shift, zoom, fill=-1.0)
+    for i in range(5):
+        ref = TF.affine(x[i], angle=float(angle[i]), translate=shift[i].tolist(), scale=float(zoom[i]),
+                        shear=[0.0, 0.0], interpolation=InterpolationMode.NEAREST, fill=-1.0)
+        assert torch.equal(out[i], ref), i
+    assert torch.equal(random_affine(x), x)  # nothing asked: the batch as it was
+    same = x[:1].expand(64, -1, -1, -1)
+    moved = random_affine(same, degrees=10, translate=0.1, scale=(0.9, 1.1), fill=-1.0)
+    assert len({tuple(m.flatten().tolist()) for m in moved}) > 32  # each image its own rotation, shift and zoom
+
+
+def test_digits_are_augmented_on_the_device_while_training_only():
+    dm = DigitsDataModule(kind="images", batch_size=16)
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.min() == -1  # the loader gives the digits as they are (background -1)
+    dm.trainer = SimpleNamespace(training=True)
+    out, labels = dm.on_after_batch_transfer((x, y), 0)
+    assert labels is y and out.shape == x.shape and not torch.equal(out, x)
+    assert ((out == -1) | torch.isin(out, x)).all()  # nearest neighbours: pixels of the digit, or the background
+    dm.trainer = SimpleNamespace(training=False)
+    assert dm.on_after_batch_transfer((x, y), 0)[0] is x
+
+
 def _folder_like():
     from attnlab.data.images import ImageDataModule
 

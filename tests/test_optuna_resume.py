@@ -85,9 +85,10 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(complete) == 4  # the total asked for, over the three commands
     assert failed and all(t.user_attrs.get("interrupted") for t in failed)  # at least the killed one
-    for t in failed:  # each interrupted trial ran again with its parameters (one killed before it drew any: not)
+    space = set(complete[0].params)
+    for t in failed:  # each interrupted trial ran again with its parameters (one killed while drawing them: not)
         reruns = [c for c in complete if c.user_attrs.get("rerun_of") == t.number]
-        assert [r.params for r in reruns] == ([t.params] if t.params else [])
+        assert [r.params for r in reruns] == ([t.params] if set(t.params) == space else [])
     # a seeded sampler does not draw its first points again in a continued study
     drawn = [tuple(sorted(t.params.items())) for t in complete if "rerun_of" not in t.user_attrs]
     assert len(set(drawn)) == len(drawn), drawn
@@ -112,6 +113,27 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     flipped = run_cli("train.py", *SWEEP, "hydra.sweeper.direction=minimize", "hydra.sweeper.n_trials=5", env=log_env)
     assert flipped.returncode != 0 and "was started to maximize" in flipped.stdout, flipped.stdout[-2000:]
     assert len(_study(logs).trials) == len(study.trials)  # nothing ran
+
+
+def test_a_trial_stopped_while_drawing_its_parameters_is_replaced_and_a_whole_one_runs_again(tmp_path):
+    """Each parameter of a trial is one write to the study: a kill between two leaves a trial holding part of a
+    configuration. It never trained; a new trial takes its place, while a trial with all its parameters runs again."""
+    from optuna.distributions import FloatDistribution
+
+    from hydra_plugins.attnlab_optuna_sweeper._impl import OptunaSweeperImpl
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    space = {"optimizer.lr": FloatDistribution(1e-4, 1e-2), "optimizer.weight_decay": FloatDistribution(0.0, 0.1)}
+    study = optuna.create_study(study_name="s", storage=url)
+    whole = study.ask(space)                                    # drawn, then killed while training
+    part = study.ask()
+    part.suggest_float("optimizer.lr", 1e-4, 1e-2)              # killed before its second parameter
+    sweeper = OptunaSweeperImpl(storage=url, study_name="s", n_trials=4)
+    sweeper._load(url, space)
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert [t.state for t in trials[:2]] == [optuna.trial.TrialState.FAIL] * 2
+    queued = [t for t in trials[2:] if t.state == optuna.trial.TrialState.WAITING]
+    assert [(t.system_attrs["fixed_params"], t.user_attrs["rerun_of"]) for t in queued] == [(whole.params, whole.number)]
 
 
 @pytest.mark.parametrize("case", ["damaged", "no_trials"])
@@ -188,18 +210,18 @@ def test_ddp_trials_of_an_optuna_sweep_train_one_configuration_on_every_rank(tmp
 def test_parallel_trials_start_as_soon_as_one_ends_with_the_cores_divided(tmp_path, log_env):
     import optuna
 
-    # seeded: trial 0 trains 60 epochs, trial 1 one epoch, trial 2 60 epochs; two at a time, trial 2 starts when
-    # trial 1 ends, while trial 0 still runs (a batch barrier would wait for trial 0)
+    # seeded: trial 0 trains 60 epochs, trials 1 and 2 one epoch each; two at a time, trial 2 starts when trial 1
+    # ends, while trial 0 still runs (a batch barrier would wait for trial 0)
     out = run_cli("train.py", "-m", "hydra/sweeper=optuna", "launcher=local", "hydra.sweeper.n_trials=3",
                   "hydra.sweeper.n_jobs=2", "hydra.sweeper.direction=maximize", "hydra.sweeper.study_name=par",
-                  "hydra.sweeper.sampler={_target_: optuna.samplers.RandomSampler, seed: 0}",
+                  "hydra.sweeper.sampler={_target_: optuna.samplers.RandomSampler, seed: 8}",
                   "trainer.max_epochs=choice(1,60)", "optimized_metric=val/acc_best", "logger=null",
                   "trainer.limit_train_batches=4", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
                   "extras.print_config=false", "callbacks.progress_bar=null", env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
     study = optuna.load_study(study_name="par", storage=f"sqlite:///{tmp_path}/logs/train/optuna/par.db")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
-    assert [t.params["trainer.max_epochs"] for t in study.trials] == [60, 1, 60]
+    assert [t.params["trainer.max_epochs"] for t in study.trials] == [60, 1, 1]
     (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     lineage = {int(p.parent.name): json.loads(p.read_text()) for p in sweep.glob("*/lineage.json")}
     assert sorted(lineage) == [0, 1, 2]

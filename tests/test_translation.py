@@ -19,7 +19,7 @@ from attnlab.nn.decoding import beam_search, greedy
 from attnlab.nn.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.nn.transformer_seq2seq import TransformerSeq2Seq, TransformerSeq2SeqConfig
 from attnlab.tasks.translation import Translator, corpus_bleu
-from conftest import FAST, compose_cfg, run_cli, real_data
+from conftest import FAST, compose_cfg, run_cli, real_data, wandb_offline
 
 PAD, BOS, EOS = 0, 2, 3
 V = 40
@@ -183,11 +183,11 @@ SHORT = ["experiment=mt_transformer", "model.n_layer=2", "model.n_embd=128", "mo
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """train.py as a user runs it, logging to W&B offline (no API key)."""
+    """train.py as a user runs it, logging to W&B offline."""
     real_data("multi30k")
     base = tmp_path_factory.mktemp("mt")
     run_dir = base / "run"
-    env = {"HOME": str(base), "WANDB_API_KEY": "", "WANDB_MODE": "", "ATTNLAB_CACHE_DIR": str(base / "cache"),
+    env = {**wandb_offline(base), "ATTNLAB_CACHE_DIR": str(base / "cache"),
            "ATTNLAB_LOG_DIR": str(base / "logs")}
     out = run_cli("train.py", *SHORT, "logger=wandb", f"hydra.run.dir={run_dir}", env=env)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -203,10 +203,10 @@ TINY = ["experiment=mt_transformer", "model.n_layer=1", "model.n_embd=64", "mode
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory, small_data):
-    """train.py as a user runs it on the small captions, logging to W&B offline (no API key)."""
+    """train.py as a user runs it on the small captions, logging to W&B offline."""
     base = tmp_path_factory.mktemp("mt_small")
     run_dir = base / "run"
-    env = {"HOME": str(base), "WANDB_API_KEY": "", "WANDB_MODE": "", "ATTNLAB_CACHE_DIR": str(base / "cache"),
+    env = {**wandb_offline(base), "ATTNLAB_CACHE_DIR": str(base / "cache"),
            "ATTNLAB_LOG_DIR": str(base / "logs")}
     out = run_cli("train.py", *TINY, "logger=wandb", f"hydra.run.dir={run_dir}", env=env, data_dir=small_data)
     assert out.returncode == 0, out.stdout[-3000:]

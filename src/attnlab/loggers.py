@@ -10,12 +10,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def netrc_path() -> str:
+    """The netrc file `wandb login` writes and W&B reads: $NETRC, else ~/.netrc, else ~/_netrc (Windows)."""
+    if os.environ.get("NETRC"):
+        return os.path.expanduser(os.environ["NETRC"])
+    home = os.path.expanduser("~")
+    unix, windows = os.path.join(home, ".netrc"), os.path.join(home, "_netrc")
+    return windows if not os.path.exists(unix) and os.path.exists(windows) else unix
+
+
 def wandb_has_credentials() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
         host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-        return netrc.netrc().authenticators(host) is not None
+        return netrc.netrc(netrc_path()).authenticators(host) is not None
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
         return False
 

@@ -5,29 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import TensorDataset
 
 from attnlab.data.base import split_by_fraction
 from attnlab.data.images import ImageDataModule
+from attnlab.data.transforms import random_affine
 from attnlab.types import Fraction
-
-
-class _Augmented(Dataset):
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, transform):
-        self.x, self.y, self.transform = x, y, transform
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.transform(self.x[i]), self.y[i]
 
 
 class DigitsDataModule(ImageDataModule):
     """Held in memory as normalized tensors at the native 8x8 (or resized to data.image_size).
 
-    `augment` takes RandomAffine's degrees / translate / scale, applied to each training image (small rotations,
-    shifts and zooms are what keeps a ViT from memorizing 1,258 training digits); `augment: null` turns it off.
+    `augment` takes RandomAffine's degrees / translate / scale, drawn for each training image and applied to the
+    whole batch at once on its device (small rotations, shifts and zooms are what keeps a ViT from memorizing 1,258
+    training digits); `augment: null` turns it off.
     The split is fixed by `split_seed`, independent of the training seed. `folds`/`fold`: k-fold cross-validation
     over the training and validation digits (stratified, the run's seed); the test digits stay out.
     """
@@ -55,13 +46,14 @@ class DigitsDataModule(ImageDataModule):
         test_idx, val_idx, train_idx = split_by_fraction(
             len(y), [self.test_fraction, self.val_fraction], self.split_seed)
         train_idx, val_idx = self.train_val(y.tolist(), train_idx, val_idx)
-        val, test = TensorDataset(x[val_idx], y[val_idx]), TensorDataset(x[test_idx], y[test_idx])
-        if not self.augment:
-            return TensorDataset(x[train_idx], y[train_idx]), val, test
-        from torchvision.transforms import v2
+        return (TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]),
+                TensorDataset(x[test_idx], y[test_idx]))
 
-        a = self.augment
-        t = a.get("translate", 0.0)
-        affine = v2.RandomAffine(degrees=a.get("degrees", 0.0), translate=(t, t) if t else None,
-                                 scale=tuple(a["scale"]) if a.get("scale") else None, fill=-1.0)
-        return _Augmented(x[train_idx], y[train_idx], affine), val, test
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """While training, each digit of the batch rotated, shifted and zoomed by its own draw (`augment`), the
+        background (-1) filling what comes in from outside."""
+        if self.augment and self.trainer is not None and self.trainer.training:
+            x, y = batch
+            a = self.augment
+            batch = [random_affine(x, a.get("degrees") or 0.0, a.get("translate") or 0.0, a.get("scale"), -1.0), y]
+        return batch

@@ -136,7 +136,9 @@ class OptunaSweeperImpl(Sweeper):
                 "it is damaged, e.g. cut short by a full disk or a copy killed half-way. Nothing was changed in it. "
                 f"Move it aside to start the study anew (mv {db} {db}.damaged), or give this sweep another study: "
                 "hydra.sweeper.storage=sqlite:///<file> or hydra.sweeper.study_name=<name>.") from None
-        study.sampler = self._sampler(space, n_before=len(study.trials))
+        sampler = self._sampler(space, n_before=len(study.trials))
+        if sampler is not None:  # none configured: Optuna's default (TPE)
+            study.sampler = sampler
         found = [d.name.lower() for d in study.directions]
         if found != [d.lower() for d in self.directions]:
             raise _user_error(
@@ -147,8 +149,9 @@ class OptunaSweeperImpl(Sweeper):
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
             study.tell(trial.number, state=TrialState.FAIL)
-            if not trial.params:  # stopped between ask and its first parameter: nothing of it to run again
-                log.warning(f"Trial {trial.number} of study '{name}' was interrupted before its parameters were "
+            if set(trial.params) != set(space):  # stopped while its parameters were drawn (one write each): it
+                # never trained, and what it holds is no configuration of this search space
+                log.warning(f"Trial {trial.number} of study '{name}' was interrupted before all its parameters were "
                             "drawn: a new trial takes its place.")
                 continue
             study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
