@@ -98,7 +98,6 @@ class BatchNormalizer:
         return self.__dict__ | {"_on": {}}
 
 
-
 def affine(x: torch.Tensor, angle: torch.Tensor, shift: torch.Tensor, zoom: torch.Tensor,
            fill: float = 0.0) -> torch.Tensor:
     """Each image of a (B, C, H, W) float batch rotated by its `angle` (B,) degrees counter-clockwise, zoomed by

@@ -52,7 +52,7 @@ class TokenizerInCheckpoint:
         self.tokenizer_json, self._tokenizer = checkpoint.get("tokenizer"), None
 
 
-# torch's fused Adam, AdamW, SGD and Adagrad also run on CPU from torch 2.5 (SGD and Adagrad) on
+# torch's fused optimizer kernels run on CPU too from torch 2.5 (Adam/AdamW from 2.4, SGD/Adagrad from 2.5)
 _CPU_FUSED = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
