@@ -210,8 +210,8 @@ def test_ddp_trials_of_an_optuna_sweep_train_one_configuration_on_every_rank(tmp
 def test_parallel_trials_start_as_soon_as_one_ends_with_the_cores_divided(tmp_path, log_env):
     import optuna
 
-    # seeded: trial 0 trains 60 epochs, trials 1 and 2 one epoch each; two at a time, trial 2 starts when trial 1
-    # ends, while trial 0 still runs (a batch barrier would wait for trial 0)
+    # seeded: trial 0 trains 60 epochs, trials 1 and 2 one epoch each; two at a time, trial 2 is asked for when
+    # trial 1 ends, while trial 0 still runs (a batch barrier would wait for trial 0)
     out = run_cli("train.py", "-m", "hydra/sweeper=optuna", "launcher=local", "hydra.sweeper.n_trials=3",
                   "hydra.sweeper.n_jobs=2", "hydra.sweeper.direction=maximize", "hydra.sweeper.study_name=par",
                   "hydra.sweeper.sampler={_target_: optuna.samplers.RandomSampler, seed: 8}",
@@ -225,5 +225,7 @@ def test_parallel_trials_start_as_soon_as_one_ends_with_the_cores_divided(tmp_pa
     (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
     lineage = {int(p.parent.name): json.loads(p.read_text()) for p in sweep.glob("*/lineage.json")}
     assert sorted(lineage) == [0, 1, 2]
-    assert lineage[1]["ended"] <= lineage[2]["started"] < lineage[0]["ended"]  # no wait for the batch
+    first, second, third = study.trials
+    assert second.datetime_complete <= third.datetime_start < first.datetime_complete  # no wait for the batch
+    assert lineage[1]["ended"] <= lineage[2]["started"]
     assert all(r["accelerator"]["torch_threads"] == 1 for r in lineage.values())  # 2 cores shared by 2 trials
