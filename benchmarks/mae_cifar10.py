@@ -3,8 +3,8 @@
 Runs train.py three times, as a user would:
 
     1. experiment=mae_pretrain_cifar10                       (labels unused)
-    2. experiment=mae_finetune_cifar10 model.init_from=<1>   (layer decay 0.75)
-    3. experiment=vit_scratch_cifar10                        (same ViT, data, optimizer, schedule and epochs)
+    2. experiment=mae_finetune_cifar10 model.init_from=<1>   (layer decay 0.75, lr 2e-3, no drop path)
+    3. experiment=vit_scratch_cifar10                        (same ViT, data, schedule, epochs; lr 1e-3, drop path 0.1)
 
 and writes a markdown table of validation and test accuracy (the 10,000 test images) and wall times.
 

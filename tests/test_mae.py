@@ -322,6 +322,7 @@ def test_cifar10_experiments_fit_together(tmp_path, small_data):
     train(cfg)
     cfg = compose_cfg(["experiment=vit_scratch_cifar10", "debug=fdr", *fast], tmp_path / "scratch", data_dir=small_data)
     assert cfg.model.init_from is None and cfg.optimizer.layer_decay is None
+    assert (cfg.optimizer.lr, cfg.model.drop_path_rate) == (1e-3, 0.1)  # a random start's better lr and drop path
     assert cfg.model.backbone_kwargs == compose_cfg(["experiment=mae_finetune_cifar10"], tmp_path).model.backbone_kwargs
     train(cfg)
 
