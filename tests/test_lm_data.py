@@ -175,9 +175,33 @@ def test_masked_lm_batches_pack_lines_and_mask_only_real_tokens(tmp_path, small_
     # consecutive lines share a sequence; only a line longer than a sequence is cut
     spans = pack_spans(np.array([5, 9, 30, 31, 80]), 0, 90, 20)
     assert spans.tolist() == [[0, 9], [9, 29], [29, 31], [31, 51], [51, 71], [71, 90]]
-    collate = MaskingCollator(0, 4, [0, 2, 3], 100, 0.5)
+    collate = MaskingCollator(0, 4, [0, 2, 3], 100, 0.5, pad_to_multiple_of=1)
     out = collate([torch.tensor([2, 50, 60, 3]), torch.tensor([2, 70, 3])])
     assert out["input_ids"].shape == (2, 4) and out["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+
+
+def test_masked_batches_come_in_few_shapes_and_name_their_masked_positions():
+    """Lengths padded to a multiple of 8 (never past max_length) and the masked positions to a multiple of 64, so
+    that a masked LM's step sees few shapes; the positions and their labels are exactly those of `labels`."""
+    g = torch.Generator().manual_seed(0)
+    collate = MaskingCollator(0, 4, [0, 2, 3], 100, 0.4, max_length=60)
+    shapes = set()
+    for _ in range(50):
+        lengths = torch.randint(20, 58, (16,), generator=g).tolist()
+        seqs = [torch.cat([torch.tensor([2]), torch.randint(5, 100, (n - 2,), generator=g), torch.tensor([3])])
+                for n in lengths]
+        b = collate(seqs)
+        T = b["input_ids"].shape[1]
+        assert T == min(-(-max(lengths) // 8) * 8, 60)                 # a multiple of 8, or max_length
+        real = b["masked_labels"] != -100
+        assert len(b["masked_positions"]) % 64 == 0 and not real[int(real.sum()):].any()  # padding at the end
+        flat_labels = b["labels"].flatten()
+        assert torch.equal(b["masked_positions"][real], (flat_labels != -100).nonzero().squeeze(1))
+        assert torch.equal(b["masked_labels"][real], flat_labels[flat_labels != -100])
+        shapes.add((T, len(b["masked_positions"])))
+    assert len(shapes) <= 8                                         # unbounded: ~50 (T, N) pairs
+    capped = MaskingCollator(0, 4, [0, 2, 3], 100, 0.4, max_length=10)([torch.arange(2, 11)])
+    assert capped["input_ids"].shape == (1, 10)                     # 9 tokens -> 16 would exceed max_length 10
 
 
 def test_lowercase_char_tokenizer_lowercases_what_it_encodes(tmp_path):

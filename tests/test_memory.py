@@ -51,7 +51,7 @@ def test_force_starts_a_refused_run(small_data, tmp_path, monkeypatch, caplog):
 @pytest.mark.parametrize("overrides", [
     ["model=vit", "data=digits", "model.drop_path_rate=0.1"],       # fake tensors; timm; stochastic depth
     ["model=unet", "data=membrane", "data.batch_size=2"],            # batch norm: its statistics must not move
-    ["model=bert_small", "data=tinyshakespeare", "data.objective=masked", "data.batch_size=4", "model.n_layer=1"],  # boolean indexing: real slice
+    ["model=bert_small", "data=tinyshakespeare", "data.objective=masked", "data.batch_size=4", "model.n_layer=1"],  # the masked positions gathered
 ], ids=["vit", "unet", "bert"])
 def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
     cfg = compose_cfg([*overrides, *FAST, f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path, data_dir=small_data)

@@ -26,13 +26,12 @@ def _batches():
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 64, (2, 16), generator=g)
-    labels = torch.full_like(ids, -100)
-    labels[:, ::4] = ids[:, ::4]
     lm = dict(n_layer=1, n_head=2, n_embd=32)
     img = torch.randn(2, 3, 32, 32, generator=g)
     yield "gpt", CausalLM(vocab_size=64, block_size=16, **lm), (ids, ids.roll(-1, 1))
+    positions = torch.arange(0, 32, 4)                              # masked_positions: ::4 of each row, flattened
     yield "bert", MaskedLM(vocab_size=64, max_length=16, **lm), \
-        (ids, torch.ones_like(ids), labels)
+        (ids, torch.ones_like(ids), positions, ids.flatten()[positions])
     yield "vit", ImageClassifier(num_classes=10, img_size=32, backbone="vit_tiny_patch16_224", label_smoothing=0.1), \
         (img, torch.tensor([1, 2]))
     yield "vit+mixup", ImageClassifier(num_classes=10, img_size=32, backbone="vit_tiny_patch16_224"), \

@@ -106,15 +106,25 @@ class MaskingCollator:
     """Pads a list of sequences to the longest and masks them (BERT): each real, non-special token is chosen with
     probability `prob`; chosen tokens become [MASK] (80%), a random token (10%) or stay (10%). `labels` holds the
     original id at chosen positions and -100 elsewhere. With `seed`, the masks depend only on the batch (for
-    repeatable validation); without, they come from torch's global generator (fresh every batch)."""
+    repeatable validation); without, they come from torch's global generator (fresh every batch).
+
+    Shapes come in few sizes, as HF's `pad_to_multiple_of`: the length is padded to a multiple of `pad_to_multiple_of`
+    (at most `max_length`), and the chosen positions are also given as `masked_positions` (N,), indices into the
+    flattened (B * T) batch in row-major order, with their `masked_labels` (N,), padded to a multiple of
+    `targets_multiple_of` with position 0 and label -100. The model projects only those N states onto the
+    vocabulary; with sizes that change every step, the allocator's heap fragments (a masked LM's memory grew 1.5x
+    over 150 steps) and a compiled step recompiles, and finding the positions on the device waits for it."""
 
     def __init__(self, pad_id: int, mask_id: int, special_ids: list[int], vocab_size: int, prob: float = 0.15,
-                 seed: int | None = None):
+                 seed: int | None = None, pad_to_multiple_of: int = 8, targets_multiple_of: int = 64,
+                 max_length: int | None = None):
         self.pad_id, self.mask_id, self.vocab_size, self.prob, self.seed = pad_id, mask_id, vocab_size, prob, seed
         self.special_ids = torch.tensor(sorted(set(special_ids)))
+        self.pad_to, self.targets_to, self.max_length = pad_to_multiple_of, targets_multiple_of, max_length
 
     def __call__(self, seqs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        B, T = len(seqs), max(len(s) for s in seqs)
+        B, T = len(seqs), _round_up(max(len(s) for s in seqs), self.pad_to)
+        T = max(min(T, self.max_length or T), max(len(s) for s in seqs))
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
         attn = torch.zeros(B, T, dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -124,7 +134,17 @@ class MaskingCollator:
             g = torch.Generator().manual_seed(self.seed + int(ids[:, :8].sum()) * 7919 + B * T)
         input_ids, labels = mask_tokens(ids, attn.bool() & ~torch.isin(ids, self.special_ids), self.mask_id,
                                         self.vocab_size, self.prob, g)
-        return {"input_ids": input_ids, "attention_mask": attn, "labels": labels}
+        positions = (labels != -100).flatten().nonzero().squeeze(1)            # (N,)
+        n = _round_up(len(positions), self.targets_to)
+        masked_positions = torch.zeros(n, dtype=torch.long)
+        masked_labels = torch.full((n,), -100, dtype=torch.long)
+        masked_positions[: len(positions)], masked_labels[: len(positions)] = positions, labels.flatten()[positions]
+        return {"input_ids": input_ids, "attention_mask": attn, "labels": labels,
+                "masked_positions": masked_positions, "masked_labels": masked_labels}
+
+
+def _round_up(n: int, multiple: int | None) -> int:
+    return -(-n // multiple) * multiple if multiple and multiple > 1 else n
 
 
 def mask_tokens(ids: torch.Tensor, candidates: torch.Tensor, mask_id: int, vocab_size: int, prob: float = 0.15,

@@ -250,7 +250,7 @@ class TextDataModule(BaseDataModule):
         tok = self.tokenizer
         specials = [tok.special_id(t, "masked-LM data") for t in (PAD, CLS, SEP, MASK)]
         return MaskingCollator(specials[0], specials[3], specials, tok.vocab_size, self.mlm_probability,
-                               seed=None if train else self.seed)
+                               seed=None if train else self.seed, max_length=self.max_length)
 
     def train_sampler(self, ds: Dataset, batch_size: int, world: int, rank: int):
         if isinstance(ds, Windows):  # random windows, as many per epoch as the tokens fill (or as configured)

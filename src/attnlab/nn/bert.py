@@ -82,8 +82,9 @@ class BertEncoder(StackAccounting, nn.Module):
 @register_network("bert", config=BertConfig)
 class BertMLM(BertEncoder):
     """input_ids (B, T), attention_mask (B, T; 1 = token, 0 = padding) -> logits (B, T, vocab_size); with
-    `positions` (B, T) bool, only those positions' logits (N, vocab_size): the masked ones of a pretraining batch,
-    which spares the vocabulary projection at the other 85% of the tokens."""
+    `positions`, only those positions' logits (N, vocab_size): the masked ones of a pretraining batch, which spares
+    the vocabulary projection at the other 85% of the tokens. `positions` is a (B, T) bool mask or (N,) indices into
+    the flattened (B * T) states (no wait for the device to count them)."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -102,7 +103,7 @@ class BertMLM(BertEncoder):
         h = self.encode(input_ids, attention_mask)                         # (B, T, C)
         c = self.config
         if positions is not None:
-            h = h[positions]                                               # (N, C)
+            h = h[positions] if positions.dtype == torch.bool else h.flatten(0, 1)[positions]  # (N, C)
         h = self.head_norm(F.gelu(self.head_dense(h), approximate="tanh" if c.ffn == "gelu_tanh" else "none"))
         return self.decoder(h) + self.decoder_bias                         # (B, T, V) or (N, V)
 

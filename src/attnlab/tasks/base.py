@@ -121,7 +121,7 @@ class BaseTask(L.LightningModule):
 
     def configure_model(self) -> None:
         if self.hparams.get("compile") and not self._compiled:
-            # data-dependent shapes (a masked LM's loss at the masked positions only) stay inside the graph
+            # data-dependent shapes (e.g. boolean indexing in a user's training_loss) stay inside the graph
             dynamic = torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
             self._compiled = {"net": torch.compile(self.net),
                               "training_loss": dynamic(torch.compile(self.training_loss))}

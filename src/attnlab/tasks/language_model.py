@@ -227,22 +227,22 @@ class MaskedLM(_LanguageModel):
         return self.run_net(input_ids, attention_mask, positions)  # (B, T, V), or (N, V) at `positions`
 
     def _step(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        labels = batch["labels"]                                    # (B, T), -100 where not masked
-        masked = labels != -100
-        logits = self(batch["input_ids"], batch["attention_mask"], masked)  # (N, V): the masked positions only
-        target = labels[masked]                                     # (N,)
+        positions, target = batch["masked_positions"], batch["masked_labels"]  # (N,): -100 where padded
+        logits = self(batch["input_ids"], batch["attention_mask"], positions)  # (N, V): the masked positions only
         loss = F.cross_entropy(logits, target)
-        acc = (logits.argmax(-1) == target).float().mean()
-        return loss, acc, masked.sum(), logits
+        real = target != -100
+        n = real.sum()
+        acc = ((logits.argmax(-1) == target) & real).sum() / n.clamp(min=1)
+        return loss, acc, n, logits
 
-    def training_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      labels: torch.Tensor) -> torch.Tensor:
-        masked = labels != -100                                     # (B, T)
-        logits = self.net(input_ids, attention_mask, masked)        # (N, V): the masked positions only
-        return F.cross_entropy(logits, labels[masked])
+    def training_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, masked_positions: torch.Tensor,
+                      masked_labels: torch.Tensor) -> torch.Tensor:
+        logits = self.net(input_ids, attention_mask, masked_positions)  # (N, V): the masked positions only
+        return F.cross_entropy(logits, masked_labels)                   # padding (-100) ignored
 
     def training_step(self, batch, batch_idx):
-        loss = self.run_training_loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        loss = self.run_training_loss(batch["input_ids"], batch["attention_mask"], batch["masked_positions"],
+                                      batch["masked_labels"])
         self.log_train_loss(loss, batch["input_ids"].shape[0])
         return loss
 
@@ -250,10 +250,12 @@ class MaskedLM(_LanguageModel):
         loss, acc, n, logits = self._step(batch)
         self._eval_update("val", loss, n.float(), acc)
         if batch_idx == 0:
-            k = min(int(self.hparams.num_samples or 0), logits.shape[0])
+            k = min(int(self.hparams.num_samples or 0), batch["input_ids"].shape[0])
+            real = batch["masked_labels"] != -100
             pred = torch.full_like(batch["labels"], -100)
-            pred[batch["labels"] != -100] = logits.argmax(-1)
-            self._sample_batch = {key: v[:k].detach() for key, v in batch.items()} | {"pred": pred[:k]}
+            pred.view(-1)[batch["masked_positions"][real]] = logits.argmax(-1)[real]
+            self._sample_batch = {key: batch[key][:k].detach() for key in ("input_ids", "attention_mask", "labels")}
+            self._sample_batch["pred"] = pred[:k]
 
     def test_step(self, batch, batch_idx):
         loss, acc, n, _ = self._step(batch)
