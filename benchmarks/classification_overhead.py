@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,17 +22,14 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import compose_cfg  # noqa: E402
-
-from attnlab.cli import builders  # noqa: E402
+from attnlab.cli import builders
+from attnlab.config import compose_run
 
 
 def _cfg(overrides: list[str], out: Path, epochs: int):
-    return compose_cfg([f"trainer.max_epochs={epochs}", "trainer.limit_val_batches=0", "trainer.num_sanity_val_steps=0",
-                        "test=false", "callbacks.model_summary=null", "extras.print_config=false", *overrides], out)
+    return compose_run([f"trainer.max_epochs={epochs}", "trainer.limit_val_batches=0", "trainer.num_sanity_val_steps=0",
+                        "test=false", "callbacks.model_summary=null", "extras.print_config=false", *overrides], out,
+                       log_dir=out / "logs", cache_dir=out.parent / "cache")
 
 
 def bare(overrides: list[str], epochs: int, out: Path) -> float:

@@ -13,18 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ATTNLAB_DATA_DIR", str(ROOT.parent / "shared" / "data"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import compose_cfg  # noqa: E402
 
 from attnlab.cli.training import train  # noqa: E402
+from attnlab.config import compose_run  # noqa: E402
 
 
 def main() -> None:
@@ -34,8 +31,9 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp) / "run"
-        cfg = compose_cfg(["experiment=unet_membrane", "callbacks.progress_bar=null", "logger=csv",
-                           *args.overrides], out)
+        cfg = compose_run(["experiment=unet_membrane", "callbacks.progress_bar=null", "logger=csv",
+                           "extras.print_config=false", *args.overrides], out, log_dir=out / "logs",
+                          cache_dir=out.parent / "cache")
         start = time.perf_counter()
         train(cfg)
         elapsed = time.perf_counter() - start

@@ -10,13 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import prefork
-from attnlab.config import CONF_DIR, register_resolvers
+from attnlab.config import compose_run, register_resolvers
 from fixtures import small_data  # noqa: F401  (the small made-up datasets, a session fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,20 +41,10 @@ def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train"
                 data_dir: Path | None = None) -> DictConfig:
     """Compose like `python train.py <overrides>` would, with every output under tmp_path; the datasets are read
     from data_dir (e.g. the small_data fixture), by default ATTNLAB_DATA_DIR's real ones."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    cfg = compose_run(overrides, tmp_path, config_name, data_dir=data_dir or DATA_DIR, log_dir=tmp_path / "logs",
+                      cache_dir=tmp_path.parent / "cache")
     with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(tmp_path)
-        cfg.hydra.job.num = 0
-    HydraConfig().set_config(cfg)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(tmp_path)
-        cfg.paths.log_dir = str(tmp_path / "logs")
-        cfg.paths.cache_dir = str(tmp_path.parent / "cache")
-        cfg.paths.data_dir = str(data_dir or DATA_DIR)
         cfg.extras.print_config = False
-        del cfg.hydra
     return cfg
 
 

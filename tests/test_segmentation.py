@@ -210,6 +210,19 @@ def test_segmenter_slides_only_over_images_larger_than_the_crop():
         assert calls and set(calls) == {(32, 32)}  # tiles of the crop size only
 
 
+def test_tta_averages_the_probabilities_of_the_flipped_views():
+    torch.manual_seed(0)
+    model = Segmenter(arch="unet", num_classes=3, in_chans=1, img_size=32, base_channels=4, depth=2,
+                      tta="flips").eval()
+    x = torch.randn(2, 1, 32, 40)
+    with torch.no_grad():
+        views = [model._infer_view(x.flip(d)).softmax(1).flip(d) for d in [(), (-1,), (-2,), (-2, -1)]]
+        assert torch.allclose(model.infer(x).exp(), sum(views) / 4, atol=1e-6)
+        assert torch.allclose(model.infer(x.flip(-1)), model.infer(x).flip(-1), atol=1e-5)  # flip-equivariant
+        model.hparams.tta = "none"
+        assert torch.allclose(model.infer(x).softmax(1), views[0], atol=1e-6)
+
+
 def test_timm_backbone_under_each_head():
     for head in ("upernet", "fpn", "unet"):
         model = Segmenter(arch="encoder_decoder", backbone="resnet18", head=head, num_classes=3, in_chans=1,

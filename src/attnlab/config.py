@@ -203,3 +203,30 @@ def check_schedule_keys(cfg: DictConfig) -> None:
             f"may have set it for its own schedule. Remove it on the command line ("
             + " ".join(f"~scheduler.{k}" for k in extra) + ") or choose a schedule that takes it."
         )
+
+
+def compose_run(overrides: list[str], run_dir: str | Path, config_name: str = "train", *,
+                data_dir: str | Path | None = None, log_dir: str | Path | None = None,
+                cache_dir: str | Path | None = None) -> DictConfig:
+    """The config `python <config_name>.py <overrides>` would run, with its run directory at `run_dir`, for notebooks,
+    benchmarks and tests: `attnlab.cli.training.train(compose_run([...], run_dir))` trains as train.py does.
+    `data_dir`, `log_dir` and `cache_dir` set `paths.*` (left out, they are what the config composes to)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.job.num = 0
+    HydraConfig().set_config(cfg)  # what ${hydra:...} in the config reads
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(run_dir)
+        for key, value in (("data_dir", data_dir), ("log_dir", log_dir), ("cache_dir", cache_dir)):
+            if value is not None:
+                cfg.paths[key] = str(value)
+        del cfg.hydra
+    return cfg

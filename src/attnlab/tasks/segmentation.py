@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -24,6 +24,8 @@ from attnlab.utils.seg_media import overlay_grid
 log = logging.getLogger("attnlab")
 
 ARCHS = ("unet", "encoder_decoder")
+# test-time augmentation: the flips (dims of a (B, C, H, W) tensor) whose predictions are averaged
+TTA_FLIPS = {"none": [()], "hflip": [(), (-1,)], "flips": [(), (-1,), (-2,), (-2, -1)]}
 # parameter names timm's no_weight_decay() hooks list (Swin, ViT, ConvNeXt-style backbones)
 NO_DECAY_LEAVES = {"relative_position_bias_table", "absolute_pos_embed", "pos_embed", "cls_token", "dist_token"}
 
@@ -86,7 +88,9 @@ class Segmenter(BaseTask):
 
     Evaluation images larger than the training crop (`img_size`) are segmented by a sliding window
     (`inference: slide`, tiles overlapping by `window_overlap`) or in one forward (`inference: whole`, fully
-    convolutional networks only). Each validation epoch writes an image | truth | prediction grid of the first
+    convolutional networks only). `tta`: test-time augmentation at validation, test and prediction: the class
+    probabilities of the image and its horizontal flip (`hflip`), or of its horizontal, vertical and both flips
+    (`flips`), each flipped back and averaged. Each validation epoch writes an image | truth | prediction grid of the first
     `media_images` validation images to `<run dir>/media/` (and to W&B when it logs).
     """
 
@@ -100,6 +104,7 @@ class Segmenter(BaseTask):
         ignore_index: int = 255,
         inference: str = "slide",
         window_overlap: float = 1 / 3,
+        tta: Literal["none", "hflip", "flips"] = "none",
         media_images: int = 4,
         class_names: list[str] | None = None,
         palette: list[list[int]] | None = None,
@@ -174,7 +179,15 @@ class Segmenter(BaseTask):
         return self.run_net(x)  # (B, C, h, w) -> (B, K, h, w)
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for whole images of any size. (B, C, H, W) -> (B, K, H, W)."""
+        """Logits for whole images of any size. (B, C, H, W) -> (B, K, H, W). With `tta`, the log of the class
+        probabilities averaged over the flipped views."""
+        views = TTA_FLIPS[self.hparams.get("tta") or "none"]
+        if len(views) == 1:
+            return self._infer_view(x)
+        probs = sum(self._infer_view(x.flip(d)).float().softmax(1).flip(d) for d in views) / len(views)
+        return probs.clamp_min(1e-12).log()                              # (B, K, H, W)
+
+    def _infer_view(self, x: torch.Tensor) -> torch.Tensor:
         s, (h, w) = self.hparams.img_size, x.shape[-2:]
         if self.fixed_size or (self.hparams.inference == "slide" and (h > s or w > s)):
             return sliding_window(self, x, s, self.hparams.window_overlap)
