@@ -90,8 +90,8 @@ class Segmenter(BaseTask):
     (`inference: slide`, tiles overlapping by `window_overlap`) or in one forward (`inference: whole`, fully
     convolutional networks only). `tta`: test-time augmentation at validation, test and prediction: the class
     probabilities of the image and its horizontal flip (`hflip`), or of its horizontal, vertical and both flips
-    (`flips`), each flipped back and averaged. Each validation epoch writes an image | truth | prediction grid of the first
-    `media_images` validation images to `<run dir>/media/` (and to W&B when it logs).
+    (`flips`), each flipped back and averaged. Each validation epoch writes an image | truth | prediction grid of the
+    first `media_images` validation images to `<run dir>/media/` (and to W&B when it logs).
     """
 
     def __init__(
