@@ -103,7 +103,7 @@ def test_each_option_maps_to_a_constructor(tmp_path, group):
     "optimizer=sgd", "optimizer=adam", "scheduler=linear", "scheduler=constant", "scheduler=plateau",
     "trainer=gpu", "trainer=ddp", "trainer=fsdp", "trainer=multinode", "trainer.precision=bf16-mixed",
     "model.compile=true", "logger=wandb", "logger=tensorboard", "logger=many", "debug=fdr", "debug=overfit",
-    "debug=limit", "debug=profiler", "callbacks=early_stopping", "hparams_search=vit_digits_optuna",
+    "debug=limit", "debug=profiler", "callbacks=early_stopping", "callbacks=ema", "hparams_search=vit_digits_optuna",
     "launcher=slurm", "launcher=local", "scheduler=onecycle",
 ])
 def test_command_line_choices_compose(tmp_path, override):

@@ -204,6 +204,46 @@ def test_no_model_checkpoint_callback_means_no_checkpoint_written(tmp_path):
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_run_trains_the_same_weights_whatever_ran_before_it_in_the_process(tmp_path):
+    """The same config twice in one process (a notebook, the jobs of a sweep under Hydra's basic launcher) trains the
+    same weights: what a run measures once per process (the CPU's matmul peak behind perf/mfu) draws no numbers
+    from the global generator that the data order and dropout come from."""
+    from attnlab.utils.flops import measured_cpu_peak
+
+    measured_cpu_peak.cache_clear()  # the first run measures it, the second reads it back
+    base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.max_epochs=1", "test=false", *FAST]
+    for name in ("first", "second"):
+        train(compose_cfg(base, tmp_path / name))
+    first, second = (torch.load(_ckpt(tmp_path / name), weights_only=False)["state_dict"] for name in ("first", "second"))
+    assert all(torch.equal(first[k], second[k]) for k in first if k.startswith("net."))
+
+
+def test_ema_validates_saves_and_resumes_the_average_of_the_weights(tmp_path, caplog):
+    """callbacks=ema: the checkpoints' state_dict (what eval, predict and init_from load) is the moving average and
+    the raw weights ride along for resuming; with decay 1 the average stays at its first update, the weights after
+    the first optimizer step; the memory estimate counts the copy."""
+    base = ["scheduler=constant", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2", "test=false",
+            *FAST]  # a schedule that does not depend on the run's length: the first step is the same in both runs
+    with caplog.at_level("INFO", logger="attnlab"):
+        train(compose_cfg([*base, "callbacks=ema", "callbacks.ema.decay=1.0", "trainer.max_epochs=2"],
+                          tmp_path / "ema"))
+    assert "averaged weights" in caplog.text
+    train(compose_cfg([*base, "trainer.max_steps=1", "trainer.max_epochs=-1"], tmp_path / "one_step"))
+    ema = torch.load(_ckpt(tmp_path / "ema"), weights_only=False)
+    one = torch.load(_ckpt(tmp_path / "one_step"), weights_only=False)
+    assert ema["global_step"] == 10 and one["global_step"] == 1
+    nets = [k for k in one["state_dict"] if k.startswith("net.")]
+    assert all(torch.equal(ema["state_dict"][k], one["state_dict"][k]) for k in nets)
+    assert not all(torch.equal(ema["current_model_state"][k], one["state_dict"][k]) for k in nets)
+
+    train(compose_cfg([*base, "callbacks=ema", "callbacks.ema.decay=1.0", "trainer.max_epochs=3",
+                       f"ckpt_path={_ckpt(tmp_path / 'ema')}"], tmp_path / "resumed"))
+    resumed = torch.load(_ckpt(tmp_path / "resumed"), weights_only=False)
+    assert resumed["global_step"] == 15  # the raw weights went on training; the average kept its first update
+    assert all(torch.equal(resumed["state_dict"][k], one["state_dict"][k]) for k in nets)
+    assert not all(torch.equal(resumed["current_model_state"][k], ema["current_model_state"][k]) for k in nets)
+
+
 @pytest.mark.slow
 def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_path, small_data):
     base = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",

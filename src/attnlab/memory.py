@@ -6,6 +6,8 @@ The estimate adds, per process:
 - the gradients of the trainable parameters;
 - the optimizer's state: the bytes per parameter byte of the configured optimizer, measured on a small tensor after
   one step (AdamW keeps two tensors per parameter, SGD with momentum one);
+- a second copy of the weights and buffers when a callback averages them (`callbacks=ema`: Lightning's
+  WeightAveraging and StochasticWeightAveraging);
 - the activations: one training step of the task run on fake tensors (`torch._subclasses.FakeTensorMode`: shapes
   and dtypes, no data), on a real batch from the training loader, with every tensor the step allocates counted while
   it lives; the peak of forward and backward together, so attention's B x H x T^2 scores count where
@@ -155,7 +157,7 @@ _PRECISION_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int = 1,
-             on_gpu: bool = False, cache_dir: str | None = None) -> MemoryEstimate | None:
+             on_gpu: bool = False, cache_dir: str | None = None, averaged: bool = False) -> MemoryEstimate | None:
     batch = sample_batch(dm)
     if batch is None:
         return None
@@ -178,6 +180,8 @@ def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int
         est.terms["process"] = process_rss()  # libraries, data in memory, the weights
     est.terms["gradients"] = trainable // shard
     est.terms["optimizer state"] = int(ratio * trainable) // shard
+    if averaged:  # the average is a whole copy of the module (parameters and buffers), never sharded
+        est.terms["averaged weights"] = weights + sum(b.numel() * b.element_size() for b in task.buffers())
     activations = cached_activation_bytes(task, batch, dtype, cache_dir)
     if activations is None:
         return None
@@ -262,6 +266,7 @@ _ADVICE = {
                        "trainer=fsdp shards it across devices",
     "gradients": "use a smaller model, or on GPUs trainer=fsdp, which shards the gradients across devices",
     "weights": "use a smaller model, or trainer=fsdp, which shards the weights across devices",
+    "averaged weights": "keep the average on the CPU (callbacks.ema.device=cpu) or leave it out (callbacks=default)",
     "process": "the data held in memory and the libraries take this much: use a smaller dataset or a streaming one",
 }
 _SIZE_KEYS = ("batch_size", "block_size", "max_length", "max_len", "max_tokens", "image_size", "crop_size")
@@ -286,6 +291,22 @@ def check_fits(est: MemoryEstimate, data_cfg: dict, force: bool = False) -> None
                                                                                "anyway.", ""))
         return
     raise UserError(message)
+
+
+def averages_weights(cfg) -> bool:
+    """Whether one of the run's callbacks keeps an average of the weights (EMA, SWA): a second copy of the model."""
+    from hydra.utils import get_class
+    from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
+
+    for node in (cfg.get("callbacks") or {}).values():
+        target = node.get("_target_") if hasattr(node, "get") else None
+        try:
+            cls = get_class(target) if target else None
+        except Exception:  # not a class path: the callback's own check refuses it
+            continue
+        if isinstance(cls, type) and issubclass(cls, (WeightAveraging, StochasticWeightAveraging)):
+            return True
+    return False
 
 
 def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | None:
@@ -313,7 +334,7 @@ def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | Non
         factory = instantiate(node | {"_partial_": True})
     try:
         est = estimate(task, dm, trainer_cfg, factory, processes=device_count(cfg.trainer), on_gpu=on_gpu,
-                       cache_dir=(cfg.get("paths") or {}).get("cache_dir"))
+                       cache_dir=(cfg.get("paths") or {}).get("cache_dir"), averaged=averages_weights(cfg))
     except UserError:
         raise
     except Exception as e:  # the estimate is a look before the run, never what stops it

@@ -39,7 +39,8 @@ def training_flops_per_sample(net: nn.Module, sample_shape: tuple[int, ...], dty
 def measured_cpu_peak(n: int = 1024, seconds: float = 0.15, dtype: torch.dtype = torch.float32) -> float:
     """Matmul FLOP/s of this CPU in `dtype` (the autocast dtype of the run's precision) with torch's current thread
     count: the fastest of the n x n matmuls timed within `seconds` (measured once per process and dtype)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    g = torch.Generator().manual_seed(0)  # not the global generator: a run draws the same numbers with or without MFU
+    a, b = torch.randn(n, n, dtype=dtype, generator=g), torch.randn(n, n, dtype=dtype, generator=g)
     a @ b
     best, end = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < end:
