@@ -159,6 +159,31 @@ def test_a_study_that_cannot_run_is_one_paragraph_and_its_database_is_left_as_it
     assert db.read_bytes() == before
 
 
+def test_a_study_database_another_process_is_creating_is_waited_for_not_called_damaged(tmp_path, monkeypatch):
+    """Two processes opening one new SQLite study at once (a second sweep, optuna-dashboard, a notebook's
+    load_study) race to write its schema: the loser's first open fails on the version row the winner wrote."""
+    import sqlalchemy.exc
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.attnlab_optuna_sweeper import _impl
+
+    real, calls = optuna.create_study, []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlalchemy.exc.IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_impl.optuna, "create_study", racing)
+    monkeypatch.setattr(_impl.time, "sleep", lambda s: None)
+    sweeper = _impl.OptunaSweeperImpl(storage=f"sqlite:///{tmp_path / 'study.db'}", n_trials=4,
+                                      params={"optimizer.lr": "interval(1e-4, 1e-2)"})
+    sweeper.config = OmegaConf.create({"task_name": "t", "paths": {"log_dir": str(tmp_path)}})
+    study = sweeper._load(f"sqlite:///{tmp_path / 'study.db'}", {})
+    assert len(calls) == 2 and study.trials == []
+
+
 @pytest.mark.slow
 def test_a_pruner_stops_hopeless_trials_and_they_count_as_pruned(tmp_path, log_env):
     import optuna

@@ -1,6 +1,7 @@
 """The Optuna sweeper's implementation (see optuna_sweeper.py), imported when a sweep is set up."""
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -124,15 +125,23 @@ class OptunaSweeperImpl(Sweeper):
         name = self._study_name()
         from attnlab.optuna_pruners import make_pruner
 
-        try:
-            study = optuna.create_study(study_name=name, storage=url, directions=self.directions,
-                                        load_if_exists=True, pruner=make_pruner(self.pruner))
-        except Exception as e:  # sqlalchemy's DatabaseError: not a database, cut short, another schema
-            if url is None or not url.startswith("sqlite:///"):
-                raise
+        for attempt in range(4):
+            try:
+                study = optuna.create_study(study_name=name, storage=url, directions=self.directions,
+                                            load_if_exists=True, pruner=make_pruner(self.pruner))
+                break
+            except Exception as e:  # sqlalchemy's DatabaseError: not a database, cut short, another schema
+                if url is None or not url.startswith("sqlite:///"):
+                    raise
+                if attempt < 3:  # or another process (a second sweep, optuna-dashboard, a notebook's load_study)
+                    time.sleep(0.5 * (attempt + 1))  # creating the same new database's tables at this moment
+                    continue
+                error = e
+        else:
             db = url.removeprefix("sqlite:///")
             raise _user_error(
-                f"The Optuna study database {db} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:160]}): "
+                f"The Optuna study database {db} cannot be read ({type(error).__name__}: "
+                f"{str(error).splitlines()[0][:160]}): "
                 "it is damaged, e.g. cut short by a full disk or a copy killed half-way. Nothing was changed in it. "
                 f"Move it aside to start the study anew (mv {db} {db}.damaged), or give this sweep another study: "
                 "hydra.sweeper.storage=sqlite:///<file> or hydra.sweeper.study_name=<name>.") from None
