@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import socket
 
+import hydra.utils
 import pytest
 import torch
 import torch.distributed as dist
 
+from attnlab.errors import UserError
 from conftest import compose_cfg, run_cli
 
 COMMON = ["trainer.max_epochs=2", "data.augment=null", "test=false", "extras.print_config=false",
@@ -118,6 +120,9 @@ def test_the_trainer_builder_hands_the_networks_blocks_to_fsdp(tmp_path, monkeyp
     assert "FSDP: UNet declares no block classes (attnlab.protocols.BlockNetwork): the network is one FSDP unit" \
         in caplog.text
     assert "strategy" not in builders.build_trainer(compose_cfg(["trainer=ddp_cpu"], tmp_path), [], [], gpt)
+    cfg = compose_cfg(["trainer=fsdp", "callbacks=ema"], tmp_path)  # an average of FSDP's shards: refused
+    with pytest.raises(UserError, match=r"callbacks=ema .* trainer=ddp"):
+        builders.build_trainer(cfg, [hydra.utils.instantiate(cfg.callbacks.ema)], [], gpt)
 
 
 def _loss(name: str, task) -> torch.Tensor:

@@ -213,6 +213,12 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
     strategy = trainer_cfg.get("strategy") or ""
     sharded = model is not None and fsdp_strategy(strategy, model, activation_checkpointing(cfg))
     if sharded:
+        from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
+
+        if any(isinstance(c, (WeightAveraging, StochasticWeightAveraging)) for c in callbacks):
+            raise UserError("callbacks=ema (or another callback averaging the weights) keeps a whole copy of the "
+                            "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
+                            "leave the average out (callbacks=default).")
         trainer_cfg = trainer_cfg.copy()
         with open_dict(trainer_cfg):
             del trainer_cfg["strategy"]
