@@ -213,9 +213,9 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
     strategy = trainer_cfg.get("strategy") or ""
     sharded = model is not None and fsdp_strategy(strategy, model, activation_checkpointing(cfg))
     if sharded:
-        from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
+        from attnlab.memory import averages_weights
 
-        if any(isinstance(c, (WeightAveraging, StochasticWeightAveraging)) for c in callbacks):
+        if averages_weights(cfg):
             raise UserError("callbacks=ema (or another callback averaging the weights) keeps a whole copy of the "
                             "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
                             "leave the average out (callbacks=default).")
