@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -163,6 +164,69 @@ def test_rand_error_counts_merged_and_split_cells():
     metric.reset()
     metric.update(merged[None], ignored[None])
     assert float(metric.compute()) == 0.0
+
+
+def test_border_weights_stress_the_gaps_between_nearly_touching_cells():
+    from attnlab.tasks.seg_weights import border_weights
+
+    # membrane (0) with two 10x10 cells (1) 3 px apart, a third cell far off, an ignored corner
+    mask = np.zeros((40, 60), np.int64)
+    mask[5:15, 5:15] = mask[5:15, 18:28] = mask[25:35, 45:55] = 1
+    mask[-3:, :3] = 255
+    w = border_weights(mask, objects=1, w0=10, sigma=5, balance=False)
+    # the middle of the gap is 2 px from each cell: 1 + 10 exp(-(2 + 2)^2 / 50)
+    assert w[10, 16] == pytest.approx(1 + 10 * np.exp(-16 / 50), rel=1e-5)
+    assert w[10, 16] > 7 * w[38, 30]  # against membrane far from any pair of cells
+    assert (w[mask == 1] == 1).all() and (w[mask == 255] == 0).all()  # cells get no border term; ignored: nothing
+    # balance: each class weighs as much in total, the mean weight over labelled pixels is 1
+    wc = border_weights(mask, objects=1, w0=0, balance=True)
+    assert wc[mask == 0].sum() == pytest.approx(wc[mask == 1].sum()) and wc[mask != 255].mean() == pytest.approx(1)
+
+
+def test_border_weights_equal_the_formula_with_every_cell_measured_over_the_whole_image():
+    from scipy import ndimage
+
+    from attnlab.tasks.seg_weights import border_weights
+
+    # 60 random cells: membrane between them, many nearly touching
+    rng = np.random.default_rng(0)
+    mask = np.zeros((96, 128), np.int64)
+    for top, left, h, w in zip(rng.integers(0, 90, 60), rng.integers(0, 120, 60), rng.integers(3, 12, 60),
+                               rng.integers(3, 12, 60)):
+        mask[top:top + h, left:left + w] = 1
+    cells, n = ndimage.label(mask == 1)
+    assert n > 10
+    dist = np.sort(np.stack([ndimage.distance_transform_edt(cells != i) for i in range(1, n + 1)]), axis=0)
+    expected = 1 + np.where(cells == 0, 10 * np.exp(-((dist[0] + dist[1]) ** 2) / 50), 0)
+    got = border_weights(mask, objects=1, w0=10, sigma=5, balance=False)
+    # cells further than the cut-off contribute under w0 / 1000
+    np.testing.assert_allclose(got, expected, atol=10 / 1000 + 1e-5)
+    assert (expected > 3).sum() > 100  # the comparison covers many stressed pixels
+
+
+@pytest.mark.parametrize("setting, says", [
+    ({"objects": "cell", "w": 10}, r"border_weight=.*give \{objects: cell, w0: 10, sigma: 5, balance: true\}"),
+    ({"w0": 10}, r"border_weight=.*the keys being objects"),
+    ({"objects": "nucleus"}, r"border_weight.objects=nucleus is not a class: .* \(membrane, cell\)"),
+    ({"objects": 1, "sigma": 0}, r"sigma=0 must be"),
+])
+def test_border_weight_settings_are_checked(setting, says):
+    with pytest.raises(UserError, match=says):
+        Segmenter(arch="unet", num_classes=2, in_chans=1, img_size=32, base_channels=4, depth=2,
+                  class_names=["membrane", "cell"], border_weight=setting)
+
+
+def test_border_weights_missing_from_the_batch_are_an_error_naming_the_data_module():
+    class OwnHook(L.LightningDataModule):
+        def on_before_batch_transfer(self, batch, dataloader_idx):  # Lightning then skips the model's
+            return batch
+
+    model = Segmenter(arch="unet", num_classes=2, in_chans=1, img_size=32, base_channels=4, depth=2,
+                      class_names=["membrane", "cell"], border_weight={"objects": "cell"})
+    model._trainer = SimpleNamespace(datamodule=OwnHook())
+    batch = torch.zeros(2, 1, 32, 32), torch.ones(2, 32, 32, dtype=torch.long)
+    with pytest.raises(UserError, match=r"came without their weights: the data module \(OwnHook\) overrides"):
+        model.training_step(batch, 0)
 
 
 # ---- networks and inference

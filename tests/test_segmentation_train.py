@@ -21,6 +21,7 @@ from attnlab.cli.training import train
 from attnlab.data.seg_benchmarks import VOCDataModule
 from attnlab.data.segmentation import MembraneDataModule
 from attnlab.errors import UserError
+from attnlab.tasks.seg_weights import border_weights as seg_weights
 from attnlab.tasks.segmentation import Segmenter
 from conftest import FAST, compose_cfg, real_data
 
@@ -155,10 +156,23 @@ def offline_hub(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
-def test_fast_dev_run_unet_membrane(tmp_path, small_data):
-    train(compose_cfg(["experiment=unet_membrane", "debug=fdr", "data.eval_batch_size=1", *FAST], tmp_path,
-                      data_dir=small_data))
+def test_fast_dev_run_unet_membrane(tmp_path, small_data, monkeypatch):
+    import attnlab.tasks.segmentation as seg
+
+    weighed, losses = [], []
+    monkeypatch.setattr(seg, "border_weights", lambda m, **kw: weighed.append(m.shape) or seg_weights(m, **kw))
+    loss = Segmenter.loss
+
+    def weighed_loss(self, logits, y, weight=None):
+        losses.append(weight is not None and weight.shape == y.shape)
+        return loss(self, logits, y, weight)
+
+    monkeypatch.setattr(Segmenter, "loss", weighed_loss)
+    train(compose_cfg(["experiment=unet_membrane", "debug=fdr", "data.eval_batch_size=1", "data.batch_size=2",
+                       "model.border_weight={objects: cell}", *FAST], tmp_path, data_dir=small_data))
     assert (tmp_path / "media").is_dir()
+    # the one training batch's two crops were weighed, and its loss took the weights; validation's did not
+    assert weighed == [(256, 256)] * 2 and losses[0] and losses[1:] and not any(losses[1:])
 
 
 def test_fast_dev_run_swin_upernet_ade20k_or_the_missing_data_error(tmp_path, offline_hub):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from attnlab.errors import UserError
 from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.tasks.seg_metrics import RandError
+from attnlab.tasks.seg_weights import border_weights, check_border_weight
 from attnlab.utils.media import denormalize, log_table, save_media
 from attnlab.utils.seg_media import overlay_grid
 
@@ -28,6 +30,9 @@ ARCHS = ("unet", "encoder_decoder")
 TTA_FLIPS = {"none": [()], "hflip": [(), (-1,)], "flips": [(), (-1,), (-2,), (-2, -1)]}
 # parameter names timm's no_weight_decay() hooks list (Swin, ViT, ConvNeXt-style backbones)
 NO_DECAY_LEAVES = {"relative_position_bias_table", "absolute_pos_embed", "pos_embed", "cls_token", "dist_token"}
+# Lightning says so each fit where the model's on_before_batch_transfer (the border weights) is the one it calls
+warnings.filterwarnings("ignore", message="You have overridden `on_before_batch_transfer` in `LightningModule` but "
+                        "have passed in a `LightningDataModule`")
 
 
 # ---- inference on images of any size
@@ -111,13 +116,16 @@ class Segmenter(BaseTask):
         mean: list[float] | None = None,
         std: list[float] | None = None,
         rand_error_class: int | str | None = None,
+        border_weight: dict[str, Any] | None = None,
         arch: str | None = None,
         **settings: Any,
     ):
         """`net`: the network (`unet`, or `encoder_decoder`: a timm `backbone` under an smp `head`); its settings are
         the other keywords it takes. `rand_error_class` (a class index or name): also log `val/rand_error` and
-        `test/rand_error`, the Rand error of that class's objects (ISBI 2012: the cells). `arch` is the name
-        checkpoints written before `net` used."""
+        `test/rand_error`, the Rand error of that class's objects (ISBI 2012: the cells). `border_weight`
+        ({objects, w0, sigma, balance}): weigh each training pixel's cross-entropy by the U-Net paper's map, which
+        stresses the borders between nearby objects (`seg_weights`). `arch` is the name checkpoints written before
+        `net` used."""
         net = arch or net
         network, base = create_network(net, settings | dict(num_classes=num_classes, in_chans=in_chans,
                                                              img_size=img_size))
@@ -158,6 +166,7 @@ class Segmenter(BaseTask):
         if rand_error_class is not None:
             obj = self._class_index(rand_error_class)
             self.val_rand, self.test_rand = RandError(obj, ignore_index), RandError(obj, ignore_index)
+        self.border = check_border_weight(border_weight, self.class_names)
         self._media: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.test_iou: dict[str, float] = {}
 
@@ -193,22 +202,40 @@ class Segmenter(BaseTask):
             return sliding_window(self, x, s, self.hparams.window_overlap)
         return pad_forward(self, x, self.multiple)
 
-    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Cross-entropy (each pixel's times `weight` (B, H, W) where given) + dice_weight x dice."""
         ignore = self.ignore_index
+        ce = F.cross_entropy(logits.float(), y, ignore_index=ignore, reduction="none" if weight is not None else "sum")
+        if weight is not None:
+            ce = (ce * weight).sum()
         # mean over labelled pixels; 0 (not NaN) for a crop with no labelled pixel
-        ce = F.cross_entropy(logits.float(), y, ignore_index=ignore, reduction="sum") / (y != ignore).sum().clamp_min(1)
+        ce = ce / (y != ignore).sum().clamp_min(1)
         if self.dice_weight:
             ce = ce + self.dice_weight * self.dice(logits.float(), y)
         return ce
 
     # ---- steps
-    def training_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss(self.net(x), y)  # (B, C, s, s) -> (B, K, s, s) -> ()
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """With `border_weight`, a training batch gains its pixel weights (B, s, s), computed on the host (in the
+        main process, before the batch moves to the device)."""
+        if self.border is None or not self.trainer.training:
+            return batch
+        x, y = batch
+        maps = [border_weights(m, ignore_index=self.ignore_index, **self.border) for m in y.numpy()]
+        return x, y, torch.from_numpy(np.stack(maps))
+
+    def training_loss(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss(self.net(x), y, weight)  # (B, C, s, s) -> (B, K, s, s) -> ()
 
     def training_step(self, batch, batch_idx):
-        x, y = batch  # (B, C, s, s), (B, s, s)
+        x, y, *weight = batch  # (B, C, s, s), (B, s, s), with border_weight (B, s, s)
+        if self.border is not None and not weight:
+            raise UserError(f"model.border_weight is set, but the training batches came without their weights: the "
+                            f"data module ({type(self.trainer.datamodule).__name__}) overrides "
+                            "on_before_batch_transfer, which Lightning then calls instead of the model's. Call "
+                            "Segmenter.on_before_batch_transfer from it, or set model.border_weight=null.")
         try:
-            loss = self.run_training_loss(x, y)
+            loss = self.run_training_loss(x, y, *weight)
         except ValueError as e:
             if "Expected more than 1 value per channel" in str(e):
                 raise UserError(f"a training batch of {x.shape[0]} image: the pooling branch of model.head="
