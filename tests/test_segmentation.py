@@ -208,7 +208,8 @@ def test_border_weights_equal_the_formula_with_every_cell_measured_over_the_whol
     ({"objects": "cell", "w": 10}, r"border_weight=.*give \{objects: cell, w0: 10, sigma: 5, balance: true\}"),
     ({"w0": 10}, r"border_weight=.*the keys being objects"),
     ({"objects": "nucleus"}, r"border_weight.objects=nucleus is not a class: .* \(membrane, cell\)"),
-    ({"objects": 1, "sigma": 0}, r"sigma=0 must be"),
+    ({"objects": 1, "sigma": 0}, r"sigma=0 must be numbers"),
+    ({"objects": 1, "w0": "ten"}, r"w0=ten and sigma=5.0 must be numbers"),
 ])
 def test_border_weight_settings_are_checked(setting, says):
     with pytest.raises(UserError, match=says):

@@ -38,10 +38,14 @@ def check_border_weight(setting: Mapping | None, class_names: list[str]) -> dict
     elif not (isinstance(obj, int) and 0 <= obj < len(class_names)):
         raise UserError(f"model.border_weight.objects={obj} is not a class: give an index 0..{len(class_names) - 1} "
                         f"or a name of data.classes ({', '.join(class_names)}).")
-    if not (float(s["w0"]) >= 0 and float(s["sigma"]) > 0):
-        raise UserError(f"model.border_weight: w0={s['w0']} and sigma={s['sigma']} must be >= 0 and > 0 (the paper: "
-                        "w0 10, sigma 5 pixels).")
-    return s
+    try:
+        w0, sigma = float(s["w0"]), float(s["sigma"])
+    except (TypeError, ValueError):
+        w0 = sigma = math.nan
+    if not (w0 >= 0 and sigma > 0):  # NaN fails both
+        raise UserError(f"model.border_weight: w0={s['w0']} and sigma={s['sigma']} must be numbers >= 0 and > 0 (the "
+                        "paper: w0 10, sigma 5 pixels).")
+    return s | {"w0": w0, "sigma": sigma, "balance": bool(s["balance"])}
 
 
 def border_weights(mask: np.ndarray, objects: int, w0: float = 10.0, sigma: float = 5.0, balance: bool = True,
