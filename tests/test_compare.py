@@ -131,6 +131,59 @@ def test_python_m_attnlab_compare(grid):
     assert json.loads((sweep / "0" / "metrics.json").read_text())
 
 
+def _made_up_runs(root) -> None:
+    """Three run folders as train.py leaves them (config.yaml, metrics.json or only csv/metrics.csv), differing in six
+    settings, with five metrics: too wide for 80 columns."""
+    for i, (name, finished) in enumerate((("run_good", True), ("run_bad", True), ("run_stopped", False))):
+        run = root / name
+        (run / "csv").mkdir(parents=True)
+        cfg = {"model": {"_target_": "attnlab.tasks.classification.ImageClassifier", "n_layer": i + 2,
+                         "dropout": i / 10}, "optimizer": {"lr": 10.0 ** -(i + 2), "weight_decay": i / 100},
+               "seed": i, "data": {"batch_size": 32 * (i + 1)}}
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (run / "csv" / "metrics.csv").write_text("step,val/acc,val/loss\n12,0.5,1.2\n")
+        if finished:
+            (run / "metrics.json").write_text(json.dumps({"val/acc": 0.9 - i / 10, "val/acc_best": 0.91 - i / 10,
+                                                          "val/loss": 0.3 + i, "test/acc": 0.88, "test/loss": 0.35}))
+
+
+@pytest.mark.parametrize("group_by", [None, "seed"])
+def test_an_80_column_or_piped_output_keeps_run_names_statuses_and_headers_whole(tmp_path, group_by):
+    import os
+    import re
+
+    _made_up_runs(tmp_path)
+    out = prefork.run([sys.executable, "-m", "attnlab.compare", str(tmp_path / "*"),
+                       *(["--group-by", group_by] if group_by else [])],
+                      cwd=ROOT, env=os.environ | {"COLUMNS": "80"}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, out.stdout
+    cells = [c.strip() for line in lines for c in re.split("[│┃]", line)]
+    parts = out.stdout.count("ImageClassifier: 3 run(s)")
+    for name in ("run_good", "run_bad", "run_stopped"):     # each part names every row's run, whole
+        assert cells.count(name) == parts, out.stdout
+    assert parts > 1, out.stdout                            # the columns that do not fit go to further parts
+    for status in ("finished", "unfinished (step 12)" if not group_by else "1 unfinished"):
+        assert status in cells, out.stdout
+    for header in ("optimizer.weight_decay", "model.n_layer", "val/acc_best", "test/loss", "val/loss"):
+        assert header in cells, out.stdout
+    assert ("0.9100" if not group_by else "0.9100 ± 0.0000") in cells, out.stdout
+
+
+def test_a_terminal_too_narrow_for_run_and_status_lists_each_run_sideways(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    _made_up_runs(tmp_path)
+    screen = io.StringIO()
+    compare([str(tmp_path / "*")], console=Console(file=screen, width=30))
+    lines = screen.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 30
+    assert "run_stopped" in lines and "  status: unfinished (step 12)" in lines and "  val/acc_best: 0.9100" in lines
+
+
 # ---- k-fold cross-validation
 
 def test_folds_partition_train_and_val_stratified_and_leave_test_out(tmp_path):

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from attnlab.compare.runs import Run, differing_keys, find_runs
-from attnlab.compare.table import (by_task, diff, group_frame, grouping_keys, lineage_diff, metric_names, rich_table,
-                                   runs_frame, sort_frame)
+from attnlab.compare.table import (by_task, diff, group_frame, grouping_keys, lineage_diff, metric_names,
+                                   rich_tables, runs_frame, sort_frame)
 from attnlab.errors import UserError
 
 
@@ -49,7 +49,8 @@ def compare(paths: list[str], sort: str | None = None, group_by: str | None = No
             groups = {r.name: [r] for r in task_runs}
         df = sort_frame(df, sort)
         title = f"{task}: {len(task_runs)} run(s)" + (f", grouped by {group_by}" if group_by else "")
-        console.print(rich_table(df, title))
+        for table in rich_tables(df, title, console.width):
+            console.print(table)
         frames.append(df)
         sections.append((title, df, groups, keys))
     if report:

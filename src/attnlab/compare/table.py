@@ -99,16 +99,64 @@ def cell(value: Any, column: str = "") -> str:
     return str(value)
 
 
-def rich_table(df, title: str):
+# the columns that tell the rows apart: never folded, and repeated at the left of every part of a wide table
+IDENTITY = ("run", "runs", "status", "n")
+
+
+def rich_tables(df, title: str, width: int) -> list:
+    """The table as Rich tables at most `width` characters wide, with run names, statuses and headers never cut:
+    the columns that do not fit beside the run and status go to further parts, each led by the run column again
+    (a group's runs one per line where they are too long for one). Where even the run and status columns do not
+    fit, each run is printed as a list of its values."""
+    text = {c: [cell(v, c) for v in df[c]] for c in df.columns}
+    ident = [c for c in df.columns if c in IDENTITY]
+    if "runs" in text and _width(ident, text) > width:
+        text["runs"] = [s.replace(", ", ",\n") for s in text["runs"]]
+    if _width(ident, text) > width:
+        return [_sideways(df.columns, text, title)]
+    parts, cols = [], list(ident)
+    for c in (c for c in df.columns if c not in IDENTITY):
+        if _width([*cols, c], text) > width and len(cols) > (len(ident) if not parts else 1):
+            parts.append(cols)
+            cols = ident[:1]
+        cols.append(c)  # a column too wide even beside the run alone is folded there
+    parts.append(cols)
+    return [_table(cols, text, title if len(parts) == 1 else f"{title} (part {i}/{len(parts)})")
+            for i, cols in enumerate(parts, 1)]
+
+
+def _width(cols: list[str], text: dict[str, list[str]]) -> int:
+    """Characters a Rich table of these columns takes: each column's widest line, 1 of padding each side, the
+    borders."""
+    from rich.cells import cell_len
+
+    return sum(max([cell_len(c)] + [cell_len(line) for s in text[c] for line in s.split("\n")]) for c in cols) \
+        + 3 * len(cols) + 1
+
+
+def _table(cols: list[str], text: dict[str, list[str]], title: str):
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    for col in df.columns:
+    for col in cols:
         table.add_column(col, justify="right" if col.startswith(("val/", "test/", "n")) else "left",
-                         overflow="fold")
-    for _, row in df.iterrows():
-        table.add_row(*(cell(v, c) for c, v in zip(df.columns, row)))
+                         no_wrap=col in IDENTITY, overflow="fold")
+    for row in zip(*(text[c] for c in cols)):
+        table.add_row(*row)
     return table
+
+
+def _sideways(columns, text: dict[str, list[str]], title: str):
+    """Each run as lines of `column: value`, its name first: for a terminal too narrow for even the run and status
+    side by side."""
+    from rich.console import Group
+    from rich.text import Text
+
+    lines = [Text(title, style="italic")]
+    for i in range(len(next(iter(text.values()), []))):
+        lines += [Text(""), Text(text[columns[0]][i].replace("\n", " "), style="bold", overflow="fold")]
+        lines += [Text(f"  {c}: {text[c][i]}", overflow="fold") for c in columns[1:]]
+    return Group(*lines)
 
 
 def by_task(runs: list[Run]) -> dict[str, list[Run]]:
