@@ -8,7 +8,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -61,10 +61,10 @@ def begin(cfg: DictConfig) -> None:
 
 
 def run_process(main: Callable[[], Any]) -> None:
-    """A script's whole process: `main()`, then what a normal exit runs (non-daemon threads joined, the atexit
-    handlers: log files, W&B, DataLoader workers), then the end of the process without the interpreter's teardown
-    of its modules. With torch loaded, that teardown takes over a second and pages in about 0.13 GB: more than
-    a small run's training adds to its peak memory. An exception ends the usual way, with its traceback."""
+    """A script's whole process: `main()`, then the end of the process as the interpreter ends it, in its order
+    (`end_process`), but without its teardown of the modules. With torch loaded, that teardown takes over a second
+    and pages in about 0.13 GB: more than a small run's training adds to its peak memory. An exception ends the
+    usual way, with its traceback."""
     try:
         main()
         code: Any = 0
@@ -79,19 +79,69 @@ def run_process(main: Callable[[], Any]) -> None:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    end_process(code or 0)
+
+
+# how long the end of a process may wait for threads and exit handlers before it exits without them
+EXIT_GRACE_ENV = "ATTNLAB_EXIT_GRACE_S"
+DEFAULT_EXIT_GRACE_S = 60.0
+
+
+def end_process(code: int) -> NoReturn:
+    """End the process with status `code` the way the interpreter's own exit does, in the same order: threading's
+    exit callbacks first (they tell idle workers of `concurrent.futures` pools, such as torch's compile workers, to
+    stop), then the non-daemon threads joined, then the atexit handlers (log files, W&B, DataLoader workers); then
+    `os._exit`, skipping the teardown of the modules. Never without a bound: if a thread or a handler still holds
+    the process after $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the process exits with `code`."""
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    grace = _exit_grace()
+    watchdog = threading.Thread(target=_exit_after, args=(grace, code), name="attnlab-exit-watchdog", daemon=True)
+    watchdog.start()
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first when it exits
+    if shutdown is not None:
+        shutdown()
+    else:  # pragma: no cover - every CPython from 3.4 has it
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
+    _flush_streams()
+    os._exit(code)
+
+
+def _exit_grace() -> float:
+    value = os.environ.get(EXIT_GRACE_ENV, "")
+    try:
+        return max(0.0, float(value)) if value else DEFAULT_EXIT_GRACE_S
+    except ValueError:
+        print(f"attnlab: {EXIT_GRACE_ENV}={value!r} is not a number of seconds; waiting {DEFAULT_EXIT_GRACE_S:g} s",
+              file=sys.stderr)
+        return DEFAULT_EXIT_GRACE_S
+
+
+def _exit_after(grace: float, code: int) -> None:
+    """The watchdog of `end_process`: a daemon thread, so it runs while the main thread waits."""
+    import threading
+    import time
+
+    time.sleep(grace)
+    held = [t.name for t in threading.enumerate()
+            if t is not threading.current_thread() and t is not threading.main_thread() and not t.daemon]
+    what = f"threads still running: {', '.join(held)}" if held else "an exit handler has not returned"
+    _flush_streams()
+    print(f"attnlab: the run had ended (status {code}) but the process was still held after {grace:g} s ({what}); "
+          f"exiting without waiting further (${EXIT_GRACE_ENV} sets the wait).", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream
             pass
-    os._exit(code or 0)
 
 
 def null_groups(argv: list[str], conf_dir: Path) -> list[str]:
