@@ -16,8 +16,6 @@ import pandas as pd
 import pytest
 import torch
 
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 import prefork
 from conftest import ROOT, DATA_DIR, wandb_offline
@@ -28,12 +26,12 @@ def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, mon
     path = tmp_path / "last.ckpt"
     io.save_checkpoint({"global_step": 1}, path)
 
-    def broken_write(self, checkpoint, path, storage_options=None):
-        with open(path, "wb") as fh:  # the disk fills up half-way through the file
+    def broken_write(self, checkpoint, file):
+        with open(file, "wb") as fh:  # the disk fills up half-way through the file
             fh.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", broken_write)
+    monkeypatch.setattr(AtomicCheckpointIO, "write", broken_write)
     with pytest.raises(OSError):
         io.save_checkpoint({"global_step": 2}, path)
     monkeypatch.undo()
@@ -185,17 +183,17 @@ def test_a_disk_that_fills_during_training_stops_with_one_paragraph_and_the_last
     from conftest import FAST, compose_cfg
 
     saves = []
-    real_save = TorchCheckpointIO.save_checkpoint
+    real_write = AtomicCheckpointIO.write
 
-    def filling_disk(self, checkpoint, path, storage_options=None):
-        saves.append(path)
+    def filling_disk(self, checkpoint, file):
+        saves.append(file)
         if len(saves) < 3:
-            return real_save(self, checkpoint, path, storage_options)
-        with open(path, "wb") as fh:
+            return real_write(self, checkpoint, file)
+        with open(file, "wb") as fh:
             fh.write(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        raise OSError(errno.ENOSPC, "No space left on device", str(file))
 
-    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", filling_disk)
+    monkeypatch.setattr(AtomicCheckpointIO, "write", filling_disk)
     out = tmp_path / "run"
     cfg = compose_cfg(["trainer.max_epochs=4", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
                        "test=false", *FAST], out)
@@ -209,6 +207,67 @@ def test_a_disk_that_fills_during_training_stops_with_one_paragraph_and_the_last
     assert f"The last good checkpoint is {last}: ckpt_path={last} resumes from it." in err, err
     assert not [p for p in (out / "checkpoints").iterdir() if ".tmp" in p.name]
     assert torch.load(last, weights_only=False)["global_step"] > 0  # whole, and resumable
+
+
+def test_a_move_onto_a_full_disk_names_the_destination_not_the_staged_file(tmp_path):
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.faults import explain
+
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    cfg = OmegaConf.create({"paths": {"output_dir": str(out), "log_dir": str(tmp_path)}})
+    # shutil.move of a file staged in TMPDIR, copied across disks: the error names the source first
+    error = OSError(errno.ENOSPC, "No space left on device", "/elsewhere/tmp94uw65l9", None,
+                    str(out / "checkpoints" / ".last.ckpt.77.tmp"))
+    msg = str(explain(error, cfg))
+    assert f"while writing {out / 'checkpoints' / 'last.ckpt'}: the filesystem mounted at /" in msg, msg
+    assert "/elsewhere" not in msg
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 10 MB tmpfs of its own (a log disk that fills up); skipped where this user may not mount one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 10 MB tmpfs for the full disk ({mounted.stderr.strip()}): needs root, or "
+                    "CAP_SYS_ADMIN in a container")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_log_disk_is_named_with_the_checkpoint_not_the_temporary_folder(small_disk, tmp_path, monkeypatch,
+                                                                                capsys):
+    import shutil
+    import tempfile
+
+    from attnlab.cli.app import run_app
+    from attnlab.cli.training import train
+    from conftest import FAST, compose_cfg
+
+    elsewhere = tmp_path / "tmp"  # TMPDIR on another disk, with room
+    elsewhere.mkdir()
+    monkeypatch.setenv("TMPDIR", str(elsewhere))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read again from TMPDIR
+    out = small_disk / "run"
+    cfg = compose_cfg(["trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                       "test=false", *FAST], out)
+    # room for the run's config and logs, not for a checkpoint of the digits classifier (3.7 MB)
+    (small_disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 2**20))
+    with pytest.raises(SystemExit) as stop:
+        run_app(train, cfg)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    paragraph = re.search(r"attnlab: error: (.*)", err).group(1)
+    assert re.match(rf"the disk is full \(No space left on device\) while writing {out}/checkpoints/[\w=.-]+\.ckpt: "
+                    rf"the filesystem mounted at {small_disk} has [01] MiB free of 10 MiB", paragraph), paragraph
+    assert str(elsewhere) not in paragraph and ".tmp" not in paragraph
+    assert not [p for p in (out / "checkpoints").iterdir() if ".tmp" in p.name]
+    assert not [p for p in elsewhere.iterdir() if p.is_file()]  # nothing staged in TMPDIR (Lightning's tmpXXXXXXXX)
 
 
 def test_runs_started_in_the_same_second_each_claim_a_run_directory_of_their_own(tmp_path, monkeypatch):

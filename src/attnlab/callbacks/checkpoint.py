@@ -19,6 +19,7 @@ import difflib
 from pathlib import Path
 
 import torch
+from fsspec.utils import get_protocol
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -29,9 +30,20 @@ from attnlab.utils.atomic import atomic_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written beside their final name and renamed onto it. Lightning's own writer stages a local file
+    in the temporary folder (TMPDIR) and copies it over, so a full checkpoint disk would be reported as a write to
+    TMPDIR, and every checkpoint crossed two disks."""
+
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        if storage_options is not None or get_protocol(str(path)) != "file":  # object storage: Lightning's writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:  # a full disk or a kill leaves the previous checkpoint, and no temporary
-            super().save_checkpoint(checkpoint, tmp, storage_options)
+            self.write(checkpoint, tmp)
+
+    def write(self, checkpoint, file: Path) -> None:
+        with open(file, "wb") as fh:
+            torch.save(checkpoint, fh)
 
 
 class ModelCheckpoint(CheckpointBase):

@@ -47,15 +47,17 @@ def _chain(err: BaseException):
 
 
 def _os_error(e: OSError, cfg: DictConfig | None) -> UserError:
-    file = Path(str(e.filename)) if e.filename else None
+    # a copy or move (shutil.move of a file staged elsewhere) names its source first: the destination is the file
+    # that could not be written, on the disk that is full
+    target = e.filename2 or e.filename
+    file = Path(str(target)) if target else None
     where = _setting_for(file, cfg)
     folder = file.parent if file is not None else None
     what = f"writing {_final_name(file)}" if file is not None else "writing a file"
     if e.errno in _FULL:
-        free = _free(folder)
-        msg = (f"the disk is full ({os.strerror(e.errno)}) while {what}"
-               + (f": {free} left in {folder}" if free else "") + ". Free space there, or point "
-               f"{where} at a disk with room, then run the same command again.")
+        disk = _disk(folder)
+        msg = (f"the disk is full ({os.strerror(e.errno)}) while {what}" + (f": {disk}" if disk else "")
+               + f". Free space there, or point {where} at a disk with room, then run the same command again.")
     else:
         msg = (f"{what} failed: {folder or 'the folder'} is read-only or not writable for this user "
                f"({os.strerror(e.errno)}). Point {where} at a folder you can write to, then run the same command "
@@ -114,13 +116,36 @@ def _is_under(file: Path, root: Path) -> bool:
 
 
 def _free(folder: Path | None) -> str:
-    while folder is not None and not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    folder = _existing(folder)
     try:
         free = shutil.disk_usage(folder).free
     except (OSError, TypeError):
         return ""
-    return f"{free / 2**20:.0f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
+    return _size(free)
+
+
+def _disk(folder: Path | None) -> str:
+    """The filesystem holding `folder` (its mount point) with its free and total space, as measured after the
+    unfinished file was removed: "the filesystem mounted at /scratch has 3 MiB free of 10 MiB"."""
+    folder = _existing(folder)
+    try:
+        usage, mount = shutil.disk_usage(folder), folder.resolve()
+        while mount.parent != mount and mount.parent.stat().st_dev == mount.stat().st_dev:
+            mount = mount.parent
+    except (OSError, TypeError, AttributeError):
+        return ""
+    return (f"the filesystem mounted at {mount} has {_size(usage.free)} free of {_size(usage.total)} (the unfinished "
+            "file removed)")
+
+
+def _existing(folder: Path | None) -> Path | None:
+    while folder is not None and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
 
 
 def _last_good_checkpoint(cfg: DictConfig | None) -> Path | None:

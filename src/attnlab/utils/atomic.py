@@ -22,9 +22,22 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         yield tmp
         _fsync(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        _name_file(e, tmp)
         raise
+
+
+def _name_file(err: BaseException, file: Path) -> None:
+    """A write to an open file that fails (ENOSPC from `write` or `close`, however deep a library wrapped it) names
+    no file: it gets the one being written, which `attnlab.cli.faults` tells the user about."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno is not None and not err.filename:
+            err.filename = str(file)
+            return
+        err = err.__cause__ or err.__context__
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
