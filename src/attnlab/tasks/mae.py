@@ -102,7 +102,7 @@ class MAEPretrainer(BaseTask):
         rows = [[denormalize(im, self.mean, self.std) for im in triple] for triple in zip(x, masked, recon)]
         return panel_grid(rows, height=max(96, x.shape[-1]))
 
-    def _save_media(self) -> Path:
+    def _save_media(self) -> Path | None:
         return save_media(self.trainer, "val/reconstructions", self.reconstruction_grid(*self._media),
                           "original | masked input | reconstruction (predicted masked patches + the visible ones)")
 

@@ -277,7 +277,7 @@ class Segmenter(BaseTask):
             self._save_media()
         self._media = []
 
-    def _save_media(self) -> Path:
+    def _save_media(self) -> Path | None:
         return save_media(self.trainer, "val/overlays", overlay_grid(self._media, self.palette),
                           "image | ground truth | prediction")
 

@@ -9,7 +9,6 @@ and the misclassified examples (`test_errors.csv`), also to W&B (`test/confusion
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ from attnlab.errors import UserError
 from attnlab.nn.registry import create_network, network_settings
 from attnlab.tasks.base import BaseTask, TokenizerInCheckpoint
 from attnlab.types import Fraction, NonNegativeInt
-from attnlab.utils.media import log_image, log_table
+from attnlab.utils.media import log_image, log_table, run_folder
 
 
 class TextClassifier(TokenizerInCheckpoint, BaseTask):
@@ -174,8 +173,10 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        out = Path(self.trainer.default_root_dir) / "media"
-        out.mkdir(parents=True, exist_ok=True)
+        out = run_folder(self.trainer, "media")
+        if out is None:  # a Trainer without a run folder: the errors go to W&B alone
+            log_table(self.trainer, "test/errors", ["text", "label", "predicted"], self._errors)
+            return
         fig, _ = MulticlassConfusionMatrix(len(self.class_names)).plot(cm.cpu(), labels=self.class_names)
         fig.savefig(out / "test_confusion.png", dpi=100, bbox_inches="tight")
         plt.close(fig)

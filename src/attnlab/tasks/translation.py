@@ -10,7 +10,6 @@ are translated and their attention alignments drawn (PNG in <run>/alignments/, a
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from attnlab.nn.decoding import DecodeSettings, decode, greedy
 from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask
 from attnlab.types import Fraction, NonNegativeFloat, NonNegativeInt
-from attnlab.utils.media import log_images, log_table
+from attnlab.utils.media import log_images, log_table, run_folder
 
 log = logging.getLogger("attnlab")
 
@@ -226,8 +225,9 @@ class Translator(BaseTask):
             return  # nothing to draw: no attention
         from attnlab.utils.alignment import plot_alignment
 
-        folder = Path(self.trainer.default_root_dir) / "alignments"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = run_folder(self.trainer, "alignments")
+        if folder is None:  # a Trainer without a run folder: no files to draw into
+            return
         images = []
         for i, (src, tgt, attn) in enumerate(self.alignments(self._fixed["src"].to(self.device))):
             path = folder / f"step{self.global_step:06d}_{i}.png"

@@ -3,12 +3,15 @@ when no WandbLogger is attached)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+log = logging.getLogger("attnlab")
 
 
 def denormalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
@@ -70,15 +73,48 @@ def log_images(trainer, key: str, images: list[tuple[Any, str | None]], single: 
     lg.experiment.log({key: panel[0] if single else panel, "trainer/global_step": trainer.global_step})
 
 
-def save_media(trainer, key: str, image: Any, caption: str | None = None) -> Path:
+def run_folder(trainer, sub: str = "") -> Path | None:
+    """The run's own folder (or its `sub` folder, created), where a task writes its media: the trainer's
+    `default_root_dir`, which the entry points set to the run directory (paths.output_dir). A Trainer made without
+    one (a notebook's, or one built for Lightning's `lr_find`) falls back to the current directory, a checkout or a
+    project folder and never a run's: its logger's version folder (lightning_logs/version_N) is taken instead, and
+    without a logger None, so that nothing is written (said once)."""
+    root = Path(trainer.default_root_dir).resolve()
+    if root == Path.cwd().resolve() and root != _hydra_run_dir():  # Lightning's fallback (Hydra's run dir: chdir)
+        logged = [lg.log_dir for lg in getattr(trainer, "loggers", []) if isinstance(getattr(lg, "log_dir", None), str)]
+        if not logged or Path(logged[0]).resolve() == root:
+            global _no_folder_said
+            if not _no_folder_said:
+                log.warning("the task's media and plots are not written: the Trainer has no run folder (give it "
+                            "default_root_dir=<run dir>, as train.py does, or a logger), and the current directory "
+                            "%s is not one", root)
+                _no_folder_said = True
+            return None
+        root = Path(logged[0])
+    out = root / sub
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+_no_folder_said = False
+
+
+def _hydra_run_dir() -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+
+
+def save_media(trainer, key: str, image: Any, caption: str | None = None) -> Path | None:
     """A validation image (uint8 array) written to <run dir>/media/val_epoch<E>_step<S>.png and sent to W&B under
-    `key`; returns the file."""
+    `key`; returns the file (None where the trainer has no run folder: `run_folder`)."""
     from PIL import Image
 
-    out = Path(trainer.default_root_dir) / "media"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"val_epoch{trainer.current_epoch:03d}_step{trainer.global_step:06d}.png"
-    Image.fromarray(image).save(path)
+    out = run_folder(trainer, "media")
+    path = None
+    if out is not None:
+        path = out / f"val_epoch{trainer.current_epoch:03d}_step{trainer.global_step:06d}.png"
+        Image.fromarray(image).save(path)
     log_image(trainer, key, image, caption)
     return path
 
