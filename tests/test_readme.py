@@ -23,7 +23,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from PIL import Image
 
 import prefork
@@ -305,6 +305,9 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         with open_dict(cfg):
             del cfg.hydra
+        if entry == "train":  # what Hydra's run writes first (--rerun reads it)
+            (out / ".hydra").mkdir(exist_ok=True)
+            OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
         try:
             run_app(fn, cfg)
         except SystemExit as e:  # a UserError: its paragraph was printed

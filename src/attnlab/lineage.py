@@ -50,6 +50,9 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
         "ended": None,
         "status": "running",
     }
+    for key, env in (("sweep_command", "ATTNLAB_SWEEP_COMMAND"), ("rerun_of", "ATTNLAB_RERUN_OF")):
+        if os.environ.get(env):  # a job of a multirun: the sweep's own command; a rerun: the run it trains again
+            record[key] = os.environ[env]
     source = Path(attnlab.__file__).resolve().parents[2]
     if git is None or not _is_under(source, Path(git["root"])):  # attnlab's own checkout, when it is one
         record["attnlab_git"], _ = _git(source, with_diff=False)

@@ -3,6 +3,8 @@
 The training run from the command line to `Trainer.fit`, top to bottom. `train.py`, `attnlab-train` and
 `python -m attnlab.train` all call `run()`:
 
+`python train.py --rerun <run dir>` trains a run's own config again into a new folder (cli/rerun.py).
+
 1. `run()`: the whole process (`main()`, then the end of the process without the interpreter's teardown).
 2. `main()`: the command line checked before Hydra (plugins installed, output folders writable; `group=null`
    becomes Hydra's `~group`), then Hydra composes `conf/train.yaml` and calls `_compose`.
@@ -35,19 +37,41 @@ def main() -> float | None:
     from attnlab.cli.app import check_output_paths, null_groups
     from attnlab.cli.hydra_errors import check_composes
     from attnlab.cli.plugins import check_plugins
-    from attnlab.errors import fail_before_hydra
+    from attnlab.cli import rerun
+    from attnlab.errors import UserError, fail, fail_before_hydra
 
-    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
+    global _rerun
+    try:
+        rerun_dir, argv = rerun.split_argv(sys.argv[1:])
+        if rerun_dir is not None:  # the run's own config replaces the composed one in _compose
+            _rerun, argv = (rerun_dir, argv), rerun.overrides(rerun_dir, argv)
+    except UserError as e:
+        fail(e)
+    rerun.record_sweep_command(argv)
+    sys.argv[1:] = null_groups(argv, CONF_DIR)
     fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
     fail_before_hydra(check_output_paths, sys.argv[1:])
     fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train")  # attnlab's paragraph, not Hydra's
     return _compose()
 
 
+# `--rerun <run dir> [key=value ...]`: (the run folder, the keys changed on purpose), see cli/rerun.py
+_rerun: tuple | None = None
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def _compose(cfg: DictConfig) -> float | None:
     from attnlab.cli.app import run_app
 
+    if _rerun is not None:
+        from pathlib import Path
+
+        from hydra.core.hydra_config import HydraConfig
+
+        from attnlab.cli import rerun
+
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        return run_app(lambda _: train(rerun.config(*_rerun, out_dir)), cfg)
     return run_app(train, cfg)
 
 

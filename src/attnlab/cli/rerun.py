@@ -1,0 +1,135 @@
+"""`python train.py --rerun <run dir> [key=value ...]`: train a run's own config again, into a new run folder.
+
+The config is the one the run composed (`<run dir>/.hydra/config.yaml`, interpolations unresolved), not a new
+composition of its overrides, so configs edited since, or a job of a sweep (its swept values are in that file), are
+reproduced as they ran. Paths (`paths.*`, the run folder) resolve anew. Where the lineage of this machine differs from
+the run's (the code's commit or uncommitted changes, package versions, the hardware), one warning line per key."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.errors import UserError
+
+log = logging.getLogger("attnlab")
+FLAG = "--rerun"
+# the run being trained again, and a sweep's own command line, as lineage records them (attnlab.lineage)
+RERUN_ENV, SWEEP_COMMAND_ENV = "ATTNLAB_RERUN_OF", "ATTNLAB_SWEEP_COMMAND"
+# lineage keys whose difference can change results
+_COMPARED = ("attnlab", "git.commit", "git.dirty", "python", "packages.", "accelerator.")
+
+
+def split_argv(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """(the run folder given to --rerun, the other arguments)."""
+    for i, arg in enumerate(argv):
+        if arg == FLAG or arg.startswith(FLAG + "="):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            rest = argv[:i] + argv[i + (1 if "=" in arg else 2):]
+            if not value or value.startswith("-"):
+                raise UserError(f"{FLAG} needs the run folder to train again: python train.py {FLAG} "
+                                "logs/train/runs/<time> (the folder a run prints as 'run directory:').")
+            return run_folder(Path(value)), rest
+    return None, argv
+
+
+def run_folder(given: Path) -> Path:
+    """The run folder holding `given` (the folder itself, or a file or folder inside it, such as a checkpoint)."""
+    path = given.expanduser().absolute()
+    for folder in (path, *path.parents):
+        if (folder / ".hydra" / "config.yaml").is_file():
+            return folder
+    raise UserError(f"{FLAG} {given}: not a run folder of attnlab (no .hydra/config.yaml in it or above it). Give "
+                    "the folder a run printed as 'run directory:', e.g. logs/train/runs/<time>, or a job folder of a "
+                    "multirun, logs/train/multiruns/<time>/<job>.")
+
+
+def overrides(run_dir: Path, extra: list[str]) -> list[str]:
+    """What Hydra composes for the rerun: a single run of the run's task (its config replaces the composed one in
+    `config`); `extra` are keys changed on purpose (`seed=1`), applied to the run's config instead."""
+    bad = [a for a in extra if a.startswith("-") or "=" not in a or a.startswith(("~", "hydra."))]
+    if bad:
+        raise UserError(f"{FLAG} trains a run's own config again; {bad[0]} cannot go with it. Give key=value pairs "
+                        f"to change on purpose (python train.py {FLAG} {run_dir} seed=1), or start a new run.")
+    os.environ[RERUN_ENV] = str(run_dir)
+    return [f"task_name={saved(run_dir).get('task_name', 'train')}", "hydra.mode=RUN"]
+
+
+def saved(run_dir: Path) -> DictConfig:
+    try:
+        cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    except Exception as e:  # a truncated or hand-edited file
+        raise UserError(f"{FLAG} {run_dir}: its .hydra/config.yaml cannot be read ({e}). Rerun another run, or "
+                        "start this one anew from its command (lineage.json, 'command').") from None
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
+    """The run's own config with `extra` applied, also written as the new run's .hydra/config.yaml (so that it can be
+    rerun in turn); the lineage differences warned about."""
+    cfg = saved(run_dir)
+    OmegaConf.set_struct(cfg, True)
+    for arg in extra:
+        key, _, value = arg.lstrip("+").partition("=")
+        node = OmegaConf.select(cfg, key, default=None)
+        if isinstance(node, DictConfig):
+            raise UserError(f"{FLAG}: {arg} would choose another {key} config; a rerun keeps the run's own groups. "
+                            f"Change keys ({key}.<key>=...), or start a new run with {arg}.")
+        if OmegaConf.select(cfg, key, default="<missing>") == "<missing>" and not arg.startswith("+"):
+            raise UserError(f"{FLAG}: {key} is not a key of the run's config. Check its spelling against "
+                            f"{run_dir}/config.yaml, or add a new key with +{arg}.")
+        OmegaConf.update(cfg, key, yaml_value(value), force_add=arg.startswith("+"))
+    from attnlab.utils.atomic import write_text
+
+    hydra_dir = out_dir / ".hydra"
+    if hydra_dir.is_dir():
+        write_text(hydra_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+        src = run_dir / ".hydra" / "overrides.yaml"
+        job = OmegaConf.load(src) if src.is_file() else []
+        write_text(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create([*job, *extra])))
+    log.info(f"rerun of {run_dir}: its own config{' with ' + ' '.join(extra) if extra else ''}, into {out_dir}")
+    warn_lineage(run_dir)
+    return cfg
+
+
+def yaml_value(text: str) -> Any:
+    return OmegaConf.create({"v": text}).v if text == "" else OmegaConf.create(f"v: {text}").v
+
+
+def lineage_differences(run_dir: Path) -> list[tuple[str, Any, Any]]:
+    """(key, the run's value, this machine's value) for each lineage key that differs and can change results."""
+    import torch  # noqa: F401  (lineage records torch's threads once torch is loaded, as in the run)
+
+    from attnlab import lineage
+
+    before = lineage.read(run_dir)
+    if before is None:
+        return []
+    now, diff = lineage.collect()
+    old, new = lineage.flatten(before), lineage.flatten(now)
+    rows = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+            if k.startswith(_COMPARED) and old.get(k) != new.get(k)]
+    if before.get("git") and now.get("git") and before["git"].get("dirty") and now["git"].get("dirty"):
+        try:  # both dirty: the changes themselves compared
+            if (run_dir / lineage.DIFF).read_text() != diff:
+                rows.append(("git.diff", "lineage.diff", "other uncommitted changes"))
+        except OSError:
+            pass
+    return rows
+
+
+def warn_lineage(run_dir: Path) -> None:
+    for key, was, now in lineage_differences(run_dir):
+        log.warning(f"rerun: {key} differs from the run's: {was} -> {now}")
+
+
+def record_sweep_command(argv: list[str]) -> None:
+    """A multirun's own command line, for the lineage of each of its jobs (whose own command Hydra rewrites)."""
+    if {"-m", "--multirun"} & set(argv) or "hydra.mode=MULTIRUN" in argv:
+        os.environ.setdefault(SWEEP_COMMAND_ENV, shlex.join(["train.py", *argv]))
