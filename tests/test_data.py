@@ -180,6 +180,39 @@ def test_corrupt_image_is_named(tmp_path, workers):
     assert msg.startswith(f"cannot read image file {bad}") and "Original Traceback" not in msg
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_every_unreadable_image_is_named_in_one_pass_and_listed_in_the_run_folder(tmp_path, capsys, workers):
+    from attnlab.cli.app import run_app
+    from attnlab.cli.training import train
+    from conftest import FAST, compose_cfg
+
+    root = tmp_path / "images"
+    _make_tree(root, n=10)
+    bad = []
+    for c, n in (("cat", 8), ("dog", 4)):
+        for i in range(n):
+            path = root / c / f"broken_{i:02d}.png"
+            if i % 2:  # the first half of a real image: its header reads, its pixels do not
+                Image.fromarray(np.random.default_rng(i).integers(0, 255, (12, 12, 3), np.uint8)).save(path)
+                path.write_bytes(path.read_bytes()[:200])
+            else:
+                path.write_bytes(b"this is not a png")
+            bad.append(str(path))
+    run = tmp_path / "run"
+    cfg = compose_cfg(["data=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=4",
+                       f"data.num_workers={workers}", "trainer.max_epochs=1", *FAST], run)
+    with pytest.raises(SystemExit) as stop:
+        run_app(train, cfg)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    listing = run / "unreadable_images.txt"
+    assert (f"attnlab: error: cannot read 12 of the 32 image files: {', '.join(bad[:10])} and 2 more. Each is corrupt "
+            f"or not an image: delete or replace them, then rerun. All 12 are listed in {listing}") in err, err
+    lines = listing.read_text().splitlines()
+    assert [line.split("\t")[0] for line in lines] == bad
+    assert "truncated" in lines[1] and "cannot identify image file" in lines[0]
+
+
 def test_randaugment_policies_of_the_configs_run_on_many_images():
     """The configs' RandAugment policies and DeiT's / MAE's fine-tuning policy (`rand-m9-mstd0.5-inc1`) run on many
     images: timm's increasing posterize asks Pillow for 0 bits at top magnitude, which Pillow 13 refuses (pillow<13)."""

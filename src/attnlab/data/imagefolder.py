@@ -56,6 +56,25 @@ class ImageFolderDataModule(ImageDataModule):
         self.class_names = classes
         return splits
 
+    def images(self, samples: list[tuple[str, int]], transform=None) -> FileImages:
+        """The files of `samples`; one that cannot be read has every file of every split checked, and those that
+        cannot be read listed in the run folder."""
+        if not hasattr(self, "_files"):
+            self._files = [p for split in self.splits.values() for p, _ in split]
+            self._file_sets: list[FileImages] = []
+        self._file_sets.append(FileImages(samples, self.channels, transform, files=self._files))
+        return self._file_sets[-1]
+
+    def _loader(self, ds, train: bool):
+        """The files that cannot be read are listed in the run folder: the trainer's once one holds the data module,
+        before that (the memory estimate's first batch) the Hydra run's."""
+        from attnlab.utils.media import hydra_run_dir, run_dir
+
+        report_dir = run_dir(self.trainer) if self.trainer is not None else hydra_run_dir()
+        for images in getattr(self, "_file_sets", []):
+            images.report_dir = report_dir
+        return super()._loader(ds, train)
+
     def build_splits(self):
         tr, ev = self.train_transform(), self.eval_transform()
         test = None
@@ -63,7 +82,7 @@ class ImageFolderDataModule(ImageDataModule):
             samples = self.splits["all"]
             test_idx, val_idx, train_idx = split_by_fraction(
                 len(samples), [self.test_fraction, self.val_fraction], self.seed)
-            test = Transformed(FileImages(samples, self.channels), test_idx, ev)
+            test = Transformed(self.images(samples), test_idx, ev)
         elif "val" in self.splits and ("test" in self.splits or not self.folds):
             samples = self.splits["train"] + self.splits["val"]
             n = len(self.splits["train"])
@@ -72,10 +91,10 @@ class ImageFolderDataModule(ImageDataModule):
             samples = self.splits["train"]
             val_idx, train_idx = split_by_fraction(len(samples), [self.val_fraction], self.seed)
             if "val" in self.splits:
-                test = FileImages(self.splits["val"], self.channels, ev)
+                test = self.images(self.splits["val"], ev)
         train_idx, val_idx = self.train_val([label for _, label in samples], train_idx, val_idx)
-        base = FileImages(samples, self.channels)
+        base = self.images(samples)
         train_set, val = Transformed(base, train_idx, tr), Transformed(base, val_idx, ev)
         if test is None:
-            test = FileImages(self.splits["test"], self.channels, ev) if "test" in self.splits else val
+            test = self.images(self.splits["test"], ev) if "test" in self.splits else val
         return train_set, val, test

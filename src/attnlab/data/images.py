@@ -35,10 +35,14 @@ class ArrayImages(Dataset):
 
 
 class FileImages(Dataset):
-    """Images read from files; a file that cannot be decoded is named in the error."""
+    """Images read from files. When one cannot be decoded, every file of the data set (`files`: by default this
+    split's) is checked, and the error names all that cannot be read, listed in full in `report_dir` (the run
+    folder) where there are several."""
 
-    def __init__(self, samples: Sequence[tuple[str, int]], channels: int = 3, transform: Callable | None = None):
+    def __init__(self, samples: Sequence[tuple[str, int]], channels: int = 3, transform: Callable | None = None,
+                 files: Sequence[str] | None = None, report_dir: str | Path | None = None):
         self.samples, self.mode, self.transform = list(samples), "L" if channels == 1 else "RGB", transform
+        self.files, self.report_dir = files, report_dir
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -46,17 +50,63 @@ class FileImages(Dataset):
     def load(self, i: int) -> Image.Image:
         path = self.samples[i][0]
         try:
-            with Image.open(path) as img:
-                return img.convert(self.mode)
+            return _decode(path, self.mode)
         except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise UserError(
-                f"cannot read image file {path}: {e}. The file is corrupt or not an image: "
-                "delete or replace it, then rerun."
-            ) from None
+            files = self.files if self.files is not None else [p for p, _ in self.samples]
+            raise unreadable_images_error(files, self.mode, self.report_dir, (path, e)) from None
 
     def __getitem__(self, i: int):
         img = self.load(i)
         return (self.transform(img) if self.transform else img), self.samples[i][1]
+
+
+def _decode(path: str | Path, mode: str) -> Image.Image:
+    with Image.open(path) as img:
+        return img.convert(mode)
+
+
+def unreadable_images(paths: Sequence[str], mode: str) -> list[tuple[str, str]]:
+    """(file, why) for each of `paths` that Pillow cannot decode, in order; decoded on a few threads (Pillow
+    releases the GIL), a chunk at a time."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def why(path: str) -> str | None:
+        try:
+            _decode(path, mode)
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    bad = []
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        for start in range(0, len(paths), 4096):
+            chunk = paths[start:start + 4096]
+            bad += [(p, w) for p, w in zip(chunk, pool.map(why, chunk)) if w is not None]
+    return bad
+
+
+def unreadable_images_error(paths: Sequence[str], mode: str, report_dir: str | Path | None,
+                            first: tuple[str, BaseException]) -> UserError:
+    """The paragraph for image files that cannot be read, all of `paths` checked in one pass: the first 10 and the
+    count, the full list (with each reason) in <report_dir>/unreadable_images.txt."""
+    bad = unreadable_images(paths, mode) or [(first[0], str(first[1]))]
+    if len(bad) == 1:
+        path = bad[0][0]
+        reason = first[1] if path == first[0] else bad[0][1]
+        return UserError(f"cannot read image file {path}: {reason}. The file is corrupt or not an image: delete or "
+                         f"replace it, then rerun (the other {len(paths) - 1:,} image files can be read).")
+    listed = ""
+    if report_dir is not None:
+        from attnlab.utils.atomic import write_text
+
+        report = Path(report_dir) / "unreadable_images.txt"
+        report.parent.mkdir(parents=True, exist_ok=True)
+        write_text(report, "".join(f"{p}\t{w}\n" for p, w in bad))
+        listed = f" All {len(bad):,} are listed in {report} (one a line: the file, a tab, the reason)."
+    shown = ", ".join(p for p, _ in bad[:10]) + (f" and {len(bad) - 10:,} more" if len(bad) > 10 else "")
+    return UserError(f"cannot read {len(bad):,} of the {len(paths):,} image files: {shown}. Each is corrupt or not "
+                     f"an image: delete or replace them, then rerun.{listed}")
 
 
 class Transformed(Dataset):

@@ -73,24 +73,30 @@ def log_images(trainer, key: str, images: list[tuple[Any, str | None]], single: 
     lg.experiment.log({key: panel[0] if single else panel, "trainer/global_step": trainer.global_step})
 
 
-def run_folder(trainer, sub: str = "") -> Path | None:
-    """The run's own folder (or its `sub` folder, created), where a task writes its media: the trainer's
+def run_dir(trainer) -> Path | None:
+    """The run's own folder, where a task writes its media and a data module its reports: the trainer's
     `default_root_dir`, which the entry points set to the run directory (paths.output_dir). A Trainer made without
     one (a notebook's, or one built for Lightning's `lr_find`) falls back to the current directory, a checkout or a
     project folder and never a run's: its logger's version folder (lightning_logs/version_N) is taken instead, and
-    without a logger None, so that nothing is written (said once)."""
+    without a logger there is none (None)."""
     root = Path(trainer.default_root_dir).resolve()
-    if root == Path.cwd().resolve() and root != _hydra_run_dir():  # Lightning's fallback (Hydra's run dir: chdir)
-        logged = [lg.log_dir for lg in getattr(trainer, "loggers", []) if isinstance(getattr(lg, "log_dir", None), str)]
-        if not logged or Path(logged[0]).resolve() == root:
-            global _no_folder_said
-            if not _no_folder_said:
-                log.warning("the task's media and plots are not written: the Trainer has no run folder (give it "
-                            "default_root_dir=<run dir>, as train.py does, or a logger), and the current directory "
-                            "%s is not one", root)
-                _no_folder_said = True
-            return None
-        root = Path(logged[0])
+    if root != Path.cwd().resolve() or root == hydra_run_dir():  # Hydra's run dir is the cwd where it changes to it
+        return root
+    logged = [lg.log_dir for lg in getattr(trainer, "loggers", []) if isinstance(getattr(lg, "log_dir", None), str)]
+    return Path(logged[0]) if logged and Path(logged[0]).resolve() != root else None
+
+
+def run_folder(trainer, sub: str = "") -> Path | None:
+    """`run_dir`'s `sub` folder, created; None (said once) where the trainer has no run folder: nothing is written."""
+    global _no_folder_said
+    root = run_dir(trainer)
+    if root is None:
+        if not _no_folder_said:
+            log.warning("the task's media and plots are not written: the Trainer has no run folder (give it "
+                        "default_root_dir=<run dir>, as train.py does, or a logger), and the current directory %s is "
+                        "not one", Path.cwd())
+            _no_folder_said = True
+        return None
     out = root / sub
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -99,10 +105,14 @@ def run_folder(trainer, sub: str = "") -> Path | None:
 _no_folder_said = False
 
 
-def _hydra_run_dir() -> Path | None:
+def hydra_run_dir() -> Path | None:
+    """The run directory of the Hydra run in progress (train.py's, or `compose_run`'s), or None."""
     from hydra.core.hydra_config import HydraConfig
 
-    return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+    try:
+        return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else None
+    except Exception:  # a config composed without Hydra's runtime section
+        return None
 
 
 def save_media(trainer, key: str, image: Any, caption: str | None = None) -> Path | None:

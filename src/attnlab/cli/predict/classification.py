@@ -16,7 +16,8 @@ def predict(model, cfg, run_cfg) -> list[dict]:
     files = image_files(cfg.get("input"))
     h, data = model.hparams, run_cfg.data
     images = FileImages([(str(f), -1) for f in files], h.in_chans,
-                        eval_transform(h.img_size, h.in_chans, dict(data.get("augment") or {}), normalize=True))
+                        eval_transform(h.img_size, h.in_chans, dict(data.get("augment") or {}), normalize=True),
+                        report_dir=cfg.paths.output_dir)
     names = list(h.class_names or [str(i) for i in range(h.num_classes)])
     k = min(int(cfg.get("top_k") or 5), h.num_classes)
     rows = []

@@ -17,7 +17,8 @@ def predict(model, cfg, run_cfg) -> Path:
     h = model.hparams
     files = image_files(cfg.get("input"))
     images = FileImages([(str(f), -1) for f in files], h.in_chans,
-                        eval_transform(h.img_size, h.in_chans, dict(run_cfg.data.get("augment") or {}), normalize=True))
+                        eval_transform(h.img_size, h.in_chans, dict(run_cfg.data.get("augment") or {}), normalize=True),
+                        report_dir=cfg.paths.output_dir)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     batch, written = int(cfg.get("batch_size") or 64), []
