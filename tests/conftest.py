@@ -15,6 +15,7 @@ from omegaconf import DictConfig, open_dict
 import prefork
 from attnlab.config import compose_run, register_resolvers
 from fixtures import small_data  # noqa: F401  (the small made-up datasets, a session fixture)
+from slurm_cluster import XDIST_GROUP as SLURM_GROUP, ClusterManager
 
 ROOT = Path(__file__).resolve().parents[1]
 # the real datasets: `make data` lays them out in ./data; the Makefile points here at ../shared/data when it exists
@@ -102,6 +103,15 @@ def hub_offline(monkeypatch):
         monkeypatch.setattr(f"{module}.{flag}", True, raising=False)
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """`slurm_cluster(accounting=True|False)`: a real two-node SLURM cluster on this machine in that mode
+    (tests/slurm_cluster.py); skipped with one line where it cannot start, failed with ATTNLAB_REQUIRE_SLURM=1."""
+    manager = ClusterManager()
+    yield manager
+    manager.close()
+
+
 def pytest_configure(config):
     """Under pytest-xdist (`make test` runs two workers), each worker and every process it starts get their share of
     the cores, so that the workers side by side do not oversubscribe them."""
@@ -118,11 +128,14 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`), the tests of a file that share one of its module-scoped fixtures (a
-    trained run, a built corpus) run on one worker, so that the fixture is built once; and the slow tests are handed
-    out first, so that the workers end together instead of one waiting for a long test handed out last."""
+    trained run, a built corpus) run on one worker, so that the fixture is built once, and so do all the tests on
+    the SLURM cluster (one at a time on the machine's one cluster); and the slow tests are handed out first, so that
+    the workers end together instead of one waiting for a long test handed out last."""
     for item in items:
         fixturedefs = item._fixtureinfo.name2fixturedefs.values()
-        if any(d.scope == "module" for defs in fixturedefs for d in defs):
+        if "slurm_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
+        elif any(d.scope == "module" for defs in fixturedefs for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each kind
