@@ -85,7 +85,8 @@ install_packages() {  # accounting: 1|0; a SLURM installed some other way (its p
   mapfile -t missing < <(missing_packages "${packages[@]}")
   [ "${#missing[@]}" = 0 ] && return 0
   have_programs "${programs[@]}" && return 0
-  command -v apt-get >/dev/null 2>&1 || die 3 "the packages ${missing[*]} are missing and there is no apt-get to install them"
+  command -v apt-get >/dev/null 2>&1 \
+    || die 3 "the packages ${missing[*]} are missing and there is no apt-get to install them"
   say "installing ${missing[*]} (apt-get)"
   # the packages' own service scripts must not start daemons with their default configuration
   local own_policy=0
@@ -97,7 +98,8 @@ install_packages() {  # accounting: 1|0; a SLURM installed some other way (its p
   local rc=0 log
   log=$(mktemp)
   { DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1 || rc=$?
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+    >"$log" 2>&1 || rc=$?
   [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
   if [ "$rc" != 0 ]; then
     tail -n 20 "$log" >&2
@@ -204,8 +206,8 @@ SlurmdDebug=info
 $storage
 $gather
 JobCompType=jobcomp/none
-NodeName=${NODES[0]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-NodeName=${NODES[1]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=${NODES[0]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$CPUS RealMemory=$MEM_MB
+NodeName=${NODES[1]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$CPUS RealMemory=$MEM_MB
 PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=1-00:00:00 State=UP
 PartitionName=short Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=00:10:00 State=UP
 EOF
@@ -291,7 +293,8 @@ start_mariadb() {
     wait_for 60 MariaDB db_ping || die 1 "MariaDB did not start: see /var/log/mysql/error.log"
   fi
   # slurmdbd (user slurm) logs in through the socket as the system user slurm: no password anywhere
-  mariadb --protocol=socket --socket="$DB_RUN/mysqld.sock" -u root <<EOF || die 1 "could not create the database user slurm"
+  mariadb --protocol=socket --socket="$DB_RUN/mysqld.sock" -u root <<EOF \
+    || die 1 "could not create the database user slurm"
 CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED VIA unix_socket;
 CREATE DATABASE IF NOT EXISTS $DB_NAME;
 GRANT ALL ON $DB_NAME.* TO 'slurm'@'localhost';
@@ -339,7 +342,8 @@ start_slurm() {
   wait_for 30 slurmctld scontrol ping || die 1 "slurmctld does not answer: see $LOGS/slurmctld.log"
   for node in "${NODES[@]}"; do
     say "starting slurmd -N $node"
-    slurmd -N "$node" </dev/null >/dev/null 2>&1 9>&- || die 1 "slurmd -N $node did not start: see $LOGS/slurmd-$node.log"
+    slurmd -N "$node" </dev/null >/dev/null 2>&1 9>&- \
+      || die 1 "slurmd -N $node did not start: see $LOGS/slurmd-$node.log"
   done
   if ! wait_for 10 nodes nodes_idle; then
     # a node drained or down from an earlier run: back to service
