@@ -107,3 +107,27 @@ def test_optuna_study_storage_user_attrs():
     study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)  # what the sweeper does
     study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
     assert study.trials[0].user_attrs == {"interrupted": True}
+
+
+LEAN_CHECK = """
+import sys
+from attnlab.lean_imports import import_lightning
+import_lightning()
+loaded = sorted(m for m in ('torchvision', 'transformers', 'scipy.signal', 'matplotlib') if m in sys.modules)
+from lightning_utilities.core.imports import RequirementCache, package_available
+import torch
+from torchmetrics.classification import MulticlassAccuracy
+acc = MulticlassAccuracy(num_classes=3, average="micro")(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
+print(loaded, bool(RequirementCache('torchvision')), package_available('scipy'), round(float(acc), 3))
+"""
+
+
+def test_lightning_imported_without_the_optional_packages_of_unused_metrics():
+    """attnlab.lean_imports turns lightning_utilities' availability checks off for a few packages while torchmetrics
+    is imported, then back on: Lightning and the metrics attnlab logs work, those packages are not imported, and a
+    check made afterwards sees them again."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LEAN_CHECK], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "[] True True 0.667", out.stdout + out.stderr[-2000:]

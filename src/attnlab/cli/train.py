@@ -87,6 +87,10 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.errors import UserError
     from attnlab.settings import RunSettings
 
+    if str((cfg.get("model") or {}).get("_target_", "")).startswith("attnlab."):  # attnlab's own tasks' metrics
+        from attnlab.lean_imports import import_lightning
+
+        import_lightning()  # without the packages torchmetrics imports for metrics no task of attnlab logs
     # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
     begin(cfg)  # a model/data pair of other kinds is refused there
     check_schedule_keys(cfg)
