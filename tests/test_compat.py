@@ -26,8 +26,13 @@ def test_the_internals_compat_uses_exist():
 
     assert callable(CombinedLoader._load_state_dicts)
     for name in ("_monitor_candidates", "_should_skip_saving_checkpoint", "_save_last_checkpoint",
-                 "_should_save_on_train_epoch_end"):
+                 "_should_save_on_train_epoch_end", "_save_topk_checkpoint", "_link_checkpoint", "_remove_checkpoint",
+                 "_save_checkpoint", "_should_remove_checkpoint", "file_exists", "format_checkpoint_name"):
         assert callable(getattr(ModelCheckpoint, name)), name
+    callback = ModelCheckpoint()
+    for name in ("_last_checkpoint_saved", "_last_global_step_saved", "_enable_version_counter", "CHECKPOINT_NAME_LAST",
+                 "STARTING_VERSION", "last_model_path"):
+        assert hasattr(callback, name), name
     assert compat.logs_this_step(trainer) in (True, False)
 
 

@@ -12,8 +12,10 @@ from attnlab.errors import UserError
 
 
 def newest_last(folder: Path) -> Path | None:
-    """The newest checkpoints/last.ckpt under `folder` (any depth), or None."""
-    found = list(folder.glob("**/checkpoints/last.ckpt")) if folder.is_dir() else []
+    """The newest checkpoints/last.ckpt under `folder` (any depth), or None. A last.ckpt that is a link is dated by
+    its file, written when its step was saved (a symbolic link made later does not make its run the newer one);
+    one whose file is gone is passed over."""
+    found = [p for p in folder.glob("**/checkpoints/last.ckpt") if p.is_file()] if folder.is_dir() else []
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 

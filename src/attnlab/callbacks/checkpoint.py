@@ -10,7 +10,9 @@
 - On a tie of the monitored metric the newer checkpoint wins: with an annealed schedule the later weights are the
   better ones, and a small validation set ties often (accuracy moves in steps of 1/len(val)).
 
-Files are written to a temporary name and renamed, so no checkpoint is ever half-written.
+Files are written to a temporary name and renamed, so no checkpoint is ever half-written. Where a top-k checkpoint
+was saved at the same step, `last.ckpt` is a hard link to it (else a relative symbolic link, else a copy, by what the
+filesystem allows), made at a temporary name and renamed too: the run keeps each step's weights once on disk.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class ModelCheckpoint(CheckpointBase):
         op = torch.le if self.mode == "min" else torch.ge
         better = bool(op(current, self.best_k_models[self.kth_best_model_path]))
         return trainer.strategy.reduce_boolean_decision(better)
+
+    def links_last(self, trainer) -> bool:
+        """On a local disk, with every checkpoint written whole and renamed into place (AtomicCheckpointIO): a link
+        never sees its file rewritten in place. Sharded strategies write their own checkpoints, and last.ckpt too."""
+        return self.on_local_disk() and isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
     def on_sanity_check_end(self, trainer, pl_module) -> None:
         """Before training: a monitored validation metric the sanity check did not log is never logged."""

@@ -4,7 +4,9 @@ final name nor a temporary file behind."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +40,30 @@ def _name_file(err: BaseException, file: Path) -> None:
             err.filename = str(file)
             return
         err = err.__cause__ or err.__context__
+
+
+def link_file(source: str | os.PathLike, link: str | os.PathLike) -> str:
+    """Make `link` name the file `source` names, in one rename over whatever `link` was (a kill leaves the old one or
+    the new one, never none): a hard link (no second copy on disk, and it keeps the bytes when `source` is deleted),
+    else a relative symbolic link, else (a filesystem with neither) a copy. Returns "hard link", "symlink" or "copy"."""
+    source, link = Path(source), Path(link)
+    if not source.is_file():
+        raise FileNotFoundError(errno.ENOENT, "no file to link to", str(source))
+    if link.exists() and not link.is_symlink() and os.path.samefile(source, link):
+        return "hard link"  # already: a rename between two names of one file would leave the temporary behind
+    relative = os.path.relpath(source, link.parent)
+    makers = (("hard link", lambda tmp: os.link(source, tmp)), ("symlink", lambda tmp: os.symlink(relative, tmp)))
+    for kind, make in makers:
+        try:
+            with atomic_path(link) as tmp:
+                tmp.unlink(missing_ok=True)  # left by a killed process of the same id
+                make(tmp)
+        except OSError:  # links unsupported here (FAT, some network filesystems) or not permitted
+            continue
+        return kind
+    with atomic_path(link) as tmp:
+        shutil.copyfile(source, tmp)
+    return "copy"
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
