@@ -88,7 +88,12 @@ _claimed: dict[str, str] = {}
 def claim_folder(path: str) -> str:
     """A folder of this process's own: `path` created exclusively, or `path_2`, `path_3`, ... where another process
     holds it (two runs started in the same second). Within one process the same path always gets the same answer:
-    Hydra resolves the run directory more than once. The `${claim_dir:...}` resolver of the run directory."""
+    Hydra resolves the run directory more than once. So do the processes a process starts: a multirun's submitit jobs
+    resolve its directory again, and get the same answer through the environment they inherit. The `${claim_dir:...}`
+    resolver of the run and multirun directories."""
+    inherited = os.environ.get(_claim_key(path))
+    if path not in _claimed and inherited and Path(inherited).is_dir():
+        _claimed[path] = inherited
     if path not in _claimed:
         base = Path(path)
         base.parent.mkdir(parents=True, exist_ok=True)
@@ -101,4 +106,11 @@ def claim_folder(path: str) -> str:
             except FileExistsError:
                 n += 1
         _claimed[path] = str(candidate)
+        os.environ[_claim_key(path)] = str(candidate)
     return _claimed[path]
+
+
+def _claim_key(path: str) -> str:
+    import hashlib
+
+    return "ATTNLAB_CLAIMED_" + hashlib.sha1(str(Path(path).absolute()).encode()).hexdigest()[:16]

@@ -1,0 +1,265 @@
+"""`launcher=slurm`: Hydra's submitit launcher, with a sweep driver that watches its jobs itself.
+
+Hydra's launcher submits the jobs of a multirun (or one Optuna trial) through submitit, then waits on each job's
+`results()`, which asks `sacct` for the job's state at every poll: where accounting is off it warns at every poll and
+never learns that a cancelled job is gone, and with accounting a cancelled job ends the whole sweep with submitit's
+traceback. This launcher submits the same way and then follows the jobs through the controller (`squeue`, which
+knows them while they are pending, running and for a while after; `sacct` where accounting is on, for how a job
+ended once the controller forgot it):
+
+- one line when a job changes state (pending, running on <nodes>, requeued, completed, failed, cancelled, timeout),
+  with its log file;
+- a job that fails or is cancelled is one line with its state and the last lines of its log; the other jobs are
+  gathered all the same (their rows of `results.csv`), and the driver exits with status 1 after the last one ends;
+- a job that is gone (not in the queue, no result written) is reported as such after a short grace, never waited for;
+- Ctrl-C or SIGTERM of the driver cancels the jobs it submitted (each saves its `last.ckpt` first), so that the
+  same command run again continues (an Optuna study reruns the stopped trials with their parameters).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
+
+log = logging.getLogger("attnlab")
+POLL_S = 2.0
+GONE_GRACE_S = 30.0  # a job missing from the queue and without a result is reported gone after this long
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE", "GONE"}
+TAIL_LINES = 5
+
+
+class SweepJobError(CompactHydraException):
+    """Jobs of a sweep that did not complete: Hydra prints its message alone (no traceback) and exits with 1."""
+
+
+class Watched:
+    """One submitted job as the driver follows it. (A plain class: Hydra's plugin scan loads this module outside
+    sys.modules, where dataclasses cannot resolve annotations.)"""
+
+    def __init__(self, job: Any, num: int, overrides: list[str], common: set[str]):
+        self.job, self.num, self.overrides = job, num, overrides  # a submitit.SlurmJob, its number, its overrides
+        self.label = " ".join(o for o in overrides if o not in common)  # what this job of the sweep sets
+        self.state, self.nodes, self.started = "SUBMITTED", "", False
+        self.missing_since: float | None = None
+        self.outcome: tuple[str, Any] | None = None  # ("success", JobReturn) or ("error", traceback text)
+
+    @property
+    def id(self) -> str:
+        return str(self.job.job_id)
+
+    def log_file(self) -> Path:
+        return self.job.task(0).paths.stdout if self.job.num_tasks > 1 else self.job.paths.stdout
+
+    def result_file(self) -> Path:
+        return self.job.task(0).paths.result_pickle if self.job.num_tasks > 1 else self.job.paths.result_pickle
+
+
+class SlurmLauncher(HydraSlurmLauncher):
+    """Hydra's submitit SLURM launcher, its jobs followed through the controller (module docstring)."""
+
+    def setup(self, **kwargs: Any) -> None:
+        super().setup(**kwargs)
+        self._active: dict[str, Watched] = {}
+        if threading.current_thread() is threading.main_thread():  # Optuna's parallel trials launch from threads
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, self._cancel_then(signal.getsignal(signum)))
+
+    def _cancel_then(self, previous: Any) -> Any:
+        def handler(signum: int, frame: Any) -> None:
+            ids = [job_id for job_id, w in list(self._active.items()) if w.state not in FINAL]
+            if ids:
+                log.warning(f"sweep stopped ({signal.Signals(signum).name}): cancelling its SLURM jobs "
+                            f"{', '.join(ids)} (each saves its last.ckpt); the same command continues it")
+                subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+            if callable(previous):
+                previous(signum, frame)
+            elif signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            else:
+                raise SystemExit(128 + signum)
+
+        return handler
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        jobs = self._submit(job_overrides, initial_job_idx)
+        common = set(self.config.hydra.overrides.task) if self.config is not None else set()
+        watched = [Watched(job, initial_job_idx + i, list(overrides), common)
+                   for i, (job, overrides) in enumerate(zip(jobs, job_overrides))]
+        self._active.update({w.id: w for w in watched})
+        try:
+            watch(watched)
+        finally:
+            for w in watched:
+                self._active.pop(w.id, None)
+        failed = [w for w in watched if w.state != "COMPLETED" or not w.outcome or w.outcome[0] != "success"]
+        summary = _summary(failed, len(watched), Path(str(self.config.hydra.sweep.dir)))
+        return [returned(w, summary) for w in watched]
+
+    def _submit(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
+        """Hydra's submission (its `launch` up to the wait): the executor, its parameters, one array of jobs."""
+        import submitit
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import filter_overrides
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+        from omegaconf import OmegaConf
+
+        assert self.config is not None
+        params = dict(self.params)
+        init_keys = {"max_num_timeout", "submitit_folder"}
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=params["submitit_folder"],
+                                         slurm_max_num_timeout=params.get("max_num_timeout", 0))
+        base = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()
+                                      if k not in init_keys})
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info(f"SLURM sweep of {len(job_overrides)} job(s), output in {sweep_dir}")
+        args = []
+        for i, overrides in enumerate(job_overrides):
+            log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
+            args.append((list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
+                         Singleton.get_state()))
+        return executor.map_array(self, *zip(*args))
+
+
+def watch(watched: list[Watched], poll_s: float = POLL_S) -> None:
+    """Follow the jobs until each has ended (or is gone), one line per change of state."""
+    accounting = _accounting_on()
+    while any(w.state not in FINAL for w in watched):
+        queue = _queue_states([w.id for w in watched if w.state not in FINAL])
+        for w in watched:
+            if w.state in FINAL:
+                continue
+            state, nodes = queue.get(w.id, (None, ""))
+            if state is None or state in FINAL:  # how it ended: its result file first
+                state = _ended(w, accounting, state)
+            if state is None:
+                continue
+            if state == "PENDING" and w.started:
+                state = "REQUEUED"  # back in the queue after running: a time limit or a preemption requeued it
+            if state != w.state:
+                w.state, w.nodes = state, nodes or w.nodes
+                _report(w)
+            if state == "REQUEUED":
+                w.state, w.started = "PENDING", False
+            elif state == "RUNNING":
+                w.started = True
+        if any(w.state not in FINAL for w in watched):
+            time.sleep(poll_s)
+
+
+def _ended(w: Watched, accounting: bool, queue_state: str | None) -> str | None:
+    """The final state of a job that ended or that the queue no longer shows: from its result file, else from the
+    queue or sacct, else GONE once it has been missing for GONE_GRACE_S."""
+    if w.outcome is None and w.result_file().exists():
+        from submitit.core.utils import pickle_load
+
+        try:
+            w.outcome = pickle_load(w.result_file())
+        except (EOFError, OSError, ValueError):  # being written
+            return None
+    if w.outcome is not None:
+        return "COMPLETED" if w.outcome[0] == "success" else "FAILED"
+    if queue_state is not None:
+        return queue_state
+    if accounting:
+        state = _sacct_state(w.id)
+        if state in FINAL:
+            return state
+    now = time.monotonic()
+    w.missing_since = w.missing_since or now
+    return "GONE" if now - w.missing_since > GONE_GRACE_S else None
+
+
+def _report(w: Watched) -> None:
+    where = f" on {w.nodes}" if w.state == "RUNNING" and w.nodes else ""
+    line = f"job {w.id} ({_name(w)}): {w.state.lower()}{where}"
+    if w.state in ("RUNNING", "COMPLETED"):
+        log.info(f"{line}; log {w.log_file()}")
+    elif w.state in FINAL:
+        log.error(f"{line}; log {w.log_file()}{_tail(w)}")
+    else:
+        log.info(line)
+
+
+def _name(w: Watched) -> str:
+    return f"#{w.num}: {w.label}" if w.label else f"#{w.num}"
+
+
+def _tail(w: Watched) -> str:
+    """The last lines of the job's error log (its traceback, or the reason SLURM gave)."""
+    lines: list[str] = []
+    for path in (w.log_file().with_suffix(".err"), w.log_file()):
+        try:
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()][-TAIL_LINES:]
+        except OSError:
+            continue
+        if lines:
+            break
+    return ("\n    " + "\n    ".join(lines)) if lines else ""
+
+
+def _summary(failed: list[Watched], total: int, sweep_dir: Path) -> str:
+    if not failed:
+        return ""
+    jobs = "; ".join(f"job {w.id} ({_name(w)}) {w.state.lower()}, log {w.log_file()}"
+                     for w in failed)
+    return (f"attnlab: error: {len(failed)} of {total} SLURM jobs of this sweep did not complete: {jobs}. The others' "
+            f"results are in {sweep_dir / 'results.csv'}; run the same command again for an Optuna sweep to rerun "
+            "the stopped trials, or rerun a job alone with `python train.py --rerun <its folder>`.")
+
+
+def returned(w: Watched, summary: str) -> JobReturn:
+    """What Hydra's sweepers expect of a job: its JobReturn, or a failed one whose return value raises."""
+    if w.state == "COMPLETED" and w.outcome is not None and w.outcome[0] == "success":
+        return w.outcome[1]
+    ret = JobReturn()
+    ret.status = JobStatus.FAILED
+    ret.overrides = w.overrides
+    ret._return_value = SweepJobError(summary)
+    return ret
+
+
+def _queue_states(ids: list[str]) -> dict[str, tuple[str, str]]:
+    """{job id: (state, nodes)} of the jobs the controller still knows (squeue, any state)."""
+    if not ids:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N", "-j", ",".join(ids)],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    states = {}
+    for line in out.stdout.splitlines():
+        job_id, _, rest = line.strip().partition("|")
+        state, _, nodes = rest.partition("|")
+        states[job_id] = (state, nodes)
+    return states
+
+
+def _accounting_on() -> bool:
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
+
+
+def _sacct_state(job_id: str) -> str | None:
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    states = out.stdout.split()
+    return states[0] if states else None
