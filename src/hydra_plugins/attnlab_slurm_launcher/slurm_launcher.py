@@ -10,7 +10,8 @@ ended once the controller forgot it):
 - one line when a job changes state (pending, running on <nodes>, requeued, completed, failed, cancelled, timeout),
   with its log file;
 - a job that fails or is cancelled is one line with its state and the last lines of its log; the other jobs are
-  gathered all the same (their rows of `results.csv`), and the driver exits with status 1 after the last one ends;
+  gathered all the same (their rows of `results.csv`), and a grid's driver exits with status 1 after the last one
+  ends, with one paragraph naming the jobs that did not complete (an Optuna sweep records them as failed trials);
 - a job that is gone (not in the queue, no result written) is reported as such after a short grace, never waited for;
 - Ctrl-C or SIGTERM of the driver cancels the jobs it submitted (each saves its `last.ckpt` first), so that the
   same command run again continues (an Optuna study reruns the stopped trials with their parameters).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,7 +50,7 @@ class Watched:
 
     def __init__(self, job: Any, num: int, overrides: list[str], common: set[str]):
         self.job, self.num, self.overrides = job, num, overrides  # a submitit.SlurmJob, its number, its overrides
-        self.label = " ".join(o for o in overrides if o not in common)  # what this job of the sweep sets
+        self.label = " ".join(o for o in overrides if o.lower() not in common)  # what this job of the sweep sets
         self.state, self.nodes, self.started = "SUBMITTED", "", False
         self.missing_since: float | None = None
         self.outcome: tuple[str, Any] | None = None  # ("success", JobReturn) or ("error", traceback text)
@@ -92,7 +94,7 @@ class SlurmLauncher(HydraSlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         jobs = self._submit(job_overrides, initial_job_idx)
-        common = set(self.config.hydra.overrides.task) if self.config is not None else set()
+        common = {o.lower() for o in self.config.hydra.overrides.task} if self.config is not None else set()
         watched = [Watched(job, initial_job_idx + i, list(overrides), common)
                    for i, (job, overrides) in enumerate(zip(jobs, job_overrides))]
         self._active.update({w.id: w for w in watched})
@@ -103,7 +105,11 @@ class SlurmLauncher(HydraSlurmLauncher):
                 self._active.pop(w.id, None)
         failed = [w for w in watched if w.state != "COMPLETED" or not w.outcome or w.outcome[0] != "success"]
         summary = _summary(failed, len(watched), Path(str(self.config.hydra.sweep.dir)))
-        return [returned(w, summary) for w in watched]
+        if failed and str(self.config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+            # a grid: Hydra's basic sweeper would stop at the first failed job with a traceback; the paragraph alone
+            print(summary, file=sys.stderr, flush=True)
+            raise SystemExit(1)
+        return [returned(w, summary) for w in watched]  # a study's sweeper records each failed trial and goes on
 
     def _submit(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """Hydra's submission (its `launch` up to the wait): the executor, its parameters, one array of jobs."""
