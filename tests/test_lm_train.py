@@ -164,6 +164,23 @@ def test_generated_samples_go_to_a_wandb_table():
     assert table.data[0][2] != table.data[1][2]                      # two samples drawn, not one repeated
 
 
+def test_samples_at_every_nth_validation_and_the_last():
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.tasks.language_model import CausalLM
+
+    tok = CharTokenizer("abcdefgh \n")
+    model = CausalLM(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16, num_samples=1,
+                     sample_tokens=3, sample_every=3, tokenizer=tok.to_json())
+    model._trainer = _Trainer()
+    model._trainer.max_steps = 100                                   # global_step 7: not the last validation
+    for _ in range(4):
+        model.log_samples()
+    assert len(model._trainer.loggers[0].logged) == 1                # the 3rd of 4 validations
+    model._trainer.max_steps = 7                                     # the last validation of training samples too
+    model.log_samples()
+    assert len(model._trainer.loggers[0].logged) == 2
+
+
 def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):
     from attnlab.data.tokenizers import CharTokenizer
     from attnlab.tasks.language_model import CausalLM

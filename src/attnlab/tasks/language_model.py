@@ -21,6 +21,7 @@ from attnlab.errors import UserError
 from attnlab.nn.gpt import check_length
 from attnlab.nn.registry import create_network
 from attnlab.tasks.base import BaseTask, TokenizerInCheckpoint
+from attnlab.types import PositiveInt
 from attnlab.utils.media import log_table
 
 log = logging.getLogger("attnlab")
@@ -122,7 +123,8 @@ class _LanguageModel(TokenizerInCheckpoint, BaseTask):
 class CausalLM(_LanguageModel):
     """GPT next-token prediction (`net`: gpt, or any registered decoder taking vocab_size and block_size). Network
     settings are GPTConfig's (n_layer, n_head, n_embd, positional, ...);
-    `num_samples` texts of `sample_tokens` tokens, started from `sample_prompt`, are logged at each validation."""
+    `num_samples` texts of `sample_tokens` tokens, started from `sample_prompt`, are logged at every `sample_every`-th
+    validation and at the last of training."""
 
     objective = "causal"
     length_key = "block_size"
@@ -130,7 +132,8 @@ class CausalLM(_LanguageModel):
     def __init__(self, vocab_size: int, block_size: int = 256, net: str = "gpt",
                  objective: Literal["causal"] = "causal", tokenizer: str | None = None, init_from: str | None = None,
                  num_samples: int = 2, sample_tokens: int = 200, sample_prompt: str | None = "\n",
-                 sample_temperature: float = 0.8, sample_top_k: int | None = 200, **settings: Any):
+                 sample_temperature: float = 0.8, sample_top_k: int | None = 200, sample_every: PositiveInt = 1,
+                 **settings: Any):
         network, base = create_network(net, settings | {"vocab_size": vocab_size, "block_size": block_size})
         super().__init__(**({"monitor": "val/loss", "monitor_mode": "min"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
@@ -138,6 +141,7 @@ class CausalLM(_LanguageModel):
         self.max_positions = block_size
         self._init_common(tokenizer, objective)
         self._first_val_ids: torch.Tensor | None = None
+        self._validations = 0
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.run_net(idx)                                   # (B, T, V)
@@ -183,8 +187,11 @@ class CausalLM(_LanguageModel):
 
     def log_samples(self) -> None:
         h = self.hparams
+        self._validations += 1
         if not h.num_samples or not h.sample_tokens:
             return
+        if self._validations % h.get("sample_every", 1) and not 0 < self.trainer.max_steps <= self.global_step:
+            return  # not a sampling validation, nor the last of training
         was_training = self.net.training
         self.net.eval()
         rows = []
