@@ -52,6 +52,12 @@ def main() -> float | None:
     fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
     fail_before_hydra(check_output_paths, sys.argv[1:])
     fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train")  # attnlab's paragraph, not Hydra's
+    try:  # launcher=slurm: the job fitted to its partition, as overrides of each job (cli/slurm)
+        from attnlab.cli.slurm import fit_command_line
+
+        sys.argv[1:] = fit_command_line(sys.argv[1:], CONF_DIR)
+    except UserError as e:
+        fail(e)
     return _compose()
 
 

@@ -135,7 +135,16 @@ class SlurmLauncher(HydraSlurmLauncher):
             log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
             args.append((list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
                          Singleton.get_state()))
-        return executor.map_array(self, *zip(*args))
+        try:
+            return executor.map_array(self, *zip(*args))
+        except Exception as e:  # sbatch's refusal (or no sbatch) as one paragraph, exit status 2 (cli/slurm/sbatch.py)
+            from attnlab.cli.slurm.sbatch import explain_submission
+            from attnlab.errors import fail
+
+            err = explain_submission(e, {"launcher.partition": params.get("partition")})
+            if err is None:
+                raise
+            fail(err)
 
 
 def watch(watched: list[Watched], poll_s: float = POLL_S) -> None:
