@@ -137,7 +137,8 @@ def test_what_sbatch_would_refuse_is_one_paragraph_naming_the_setting(case, slur
 
 def test_signal_lead_and_time_limit_follow_the_partition(slurm_cluster):
     """The real partitions, sinfo and sbatch --test-only, nothing submitted: the short partition's own 10 minutes,
-    a warning signal that stays within a fifth of a short limit, and the user's own values kept."""
+    a warning signal that stays within a fifth of a short limit, the user's own values kept, and the commands that
+    are (and are not) SLURM multiruns."""
     slurm_cluster(accounting=True)
 
     def fitted(*args: str) -> dict[str, str]:
@@ -158,6 +159,10 @@ def test_signal_lead_and_time_limit_follow_the_partition(slurm_cluster):
     with pytest.raises(UserError, match=r"trainer\.num_nodes=1,2: launcher=slurm asks SLURM for the same resources "
                                         r"for every job of a sweep"):
         fitted("trainer.num_nodes=1,2")
+    # an Optuna search is a multirun without -m (its config sets hydra.mode); a single run trains here, unfitted
+    search = fit_command_line(["hparams_search=vit_digits_optuna", "launcher=slurm", "trainer=cpu"], CONF_DIR)
+    assert "launcher.tasks_per_node=1" in search
+    assert fit_command_line(["launcher=slurm", "trainer=cpu"], CONF_DIR) == ["launcher=slurm", "trainer=cpu"]
 
 
 def test_submitits_own_submission_error_is_one_paragraph(slurm_cluster):

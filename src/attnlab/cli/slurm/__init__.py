@@ -22,6 +22,8 @@ LAUNCHER_KEYS = {k: f"launcher.{k}" for k in ("partition", "account", "qos", "gp
                                                "max_num_timeout")} | {"nodes": "trainer.num_nodes"}
 # keys whose value decides the job's resources: the same for every job of a sweep (the launcher reads them once)
 RESOURCE_KEYS = ("trainer.accelerator", "trainer.devices", "trainer.num_nodes")
+# options that may make a command a multirun without -m (an Optuna search sets hydra.mode: MULTIRUN)
+MULTIRUN_KEYS = ("hydra.mode=", "hparams_search=", "experiment=", "hydra/sweeper=")
 AUTO_WHEN_NULL = ("tasks_per_node", "cpus_per_task", "timeout_min", "signal_delay_s")
 
 
@@ -31,14 +33,16 @@ def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     from attnlab.cli.hydra_errors import _OTHER_MODES, _parser, _variants
 
     args, overrides = _parser().parse_known_args(argv)
-    multirun = args.multirun or "hydra.mode=MULTIRUN" in overrides
-    if not multirun or args.cfg or any(getattr(args, m, None) for m in _OTHER_MODES) \
+    may_sweep = args.multirun or any(o.lstrip("+").startswith(MULTIRUN_KEYS) for o in overrides)
+    if not may_sweep or args.cfg or any(getattr(args, m, None) for m in _OTHER_MODES) \
             or any(o.startswith("-") for o in overrides):
         return argv
     variants = _variants(overrides)
     extra = [f"hydra.searchpath=[file://{Path(args.config_dir).expanduser().absolute()}]"] if args.config_dir else []
     cfgs = [_compose(v + extra, conf_dir, args.config_name or "train") for v in variants] if variants else []
     if not cfgs or cfgs[0] is None or not _is_slurm(cfgs[0]):
+        return argv
+    if not args.multirun and "MULTIRUN" not in str(cfgs[0].hydra.get("mode")):  # a single run trains here
         return argv
     given = _given(overrides)
     from attnlab.cli.slurm.cluster import read_cluster
