@@ -230,6 +230,10 @@ class Runner:
             if argv[1] == "sweep":  # its Hydra side is checked in test_sweeps.py
                 assert (ROOT / argv[2]).is_file()
             return
+        if argv[0] in ("sbatch", "torchrun") and cmd.marked:  # run for real in test_multinode_launch.py; here: the
+            script = next(i for i, a in enumerate(argv) if (ROOT / a).is_file())  # script there, its config composes
+            prefix = ["trainer=multinode"] if argv[script].endswith(".sbatch") else []
+            return self.compose("train", prefix + argv[script + 1:])
         if argv[0] == "bash" and cmd.marked:  # a [GPU] script: the script is there, that is all
             assert (ROOT / argv[1]).is_file() and Path(argv[1]).name in BENCHMARK_BUDGET, cmd.text
             return

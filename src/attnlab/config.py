@@ -133,10 +133,12 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("fast_precision", fast_precision)
     if not OmegaConf.has_resolver("patch_size_for"):
         OmegaConf.register_new_resolver("patch_size_for", patch_size_for)
-    if not OmegaConf.has_resolver("claim_dir"):  # a run directory of its own, even for runs started in one second
-        from attnlab.utils.atomic import claim_folder
+    if not OmegaConf.has_resolver("claim_dir"):  # a run directory of its own, even for runs started in one second;
+        from attnlab.utils import launch  # one for all the ranks of a torchrun or srun launch
 
-        OmegaConf.register_new_resolver("claim_dir", claim_folder)
+        OmegaConf.register_new_resolver("claim_dir", launch.claim_run_folder)
+        OmegaConf.register_new_resolver("rank_zero_only", launch.rank_zero_only)  # .hydra/ from rank 0 alone
+        OmegaConf.register_new_resolver("rank_suffix", launch.rank_suffix)  # train_rank1.log, ...
     if not OmegaConf.has_resolver("cwd"):  # unlike ${hydra:runtime.cwd}, also resolvable for a sweep's directory
         OmegaConf.register_new_resolver("cwd", os.getcwd)
 
