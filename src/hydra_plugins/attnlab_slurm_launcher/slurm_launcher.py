@@ -50,7 +50,8 @@ class Watched:
 
     def __init__(self, job: Any, num: int, overrides: list[str], common: set[str]):
         self.job, self.num, self.overrides = job, num, overrides  # a submitit.SlurmJob, its number, its overrides
-        self.label = " ".join(o for o in overrides if o.lower() not in common)  # what this job of the sweep sets
+        self.label = " ".join(o for o in overrides  # what this job of the sweep sets (not the sweeper's own keys)
+                              if o.lower() not in common and not o.lstrip("+").startswith("hydra."))
         self.state, self.nodes, self.started = "SUBMITTED", "", False
         self.missing_since: float | None = None
         self.outcome: tuple[str, Any] | None = None  # ("success", JobReturn) or ("error", traceback text)
