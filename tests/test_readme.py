@@ -1,7 +1,8 @@
 """Every command in the bash blocks of README.md and docs/*.md, run as written with a few steps appended, so that a
 documented command cannot silently break. Each block runs in order in a fresh folder (a later command uses the runs
 of earlier ones: `ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py).
-Commands marked [GPU], [ImageNet], [multi-node], [SLURM], [W&B account] or [network] need what this machine lacks:
+Commands marked [SLURM] or [multi-node] (and nothing else) run on a real two-node SLURM cluster on this machine
+(tools/slurm-cluster.sh). Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
 their configs are composed instead. `python train.py|eval.py|predict.py` runs in-process through the entry points'
 own functions (start-up would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`,
 benchmarks) runs in one. README.md is the front door: at most 300 lines; every relative link of these pages leads to
@@ -35,6 +36,7 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose bash blocks are run
 README_MAX_LINES = 300
 MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account", "network")
+CLUSTER_MARKS = {"SLURM", "multi-node"}  # what the tests' real SLURM cluster gives (GPUs it does not)
 MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
 ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict", "export.py": "export",
          "attnlab.train": "train", "attnlab.eval": "eval", "attnlab.predict": "predict"}
@@ -80,6 +82,11 @@ class Command:
     def argv(self) -> list[str]:
         return shlex.split(self.text, comments=True)
 
+    @property
+    def on_cluster(self) -> bool:
+        """Marked [SLURM] or [multi-node] only: run on the SLURM cluster of tools/slurm-cluster.sh (two CPU nodes)."""
+        return bool(self.marked) and set(self.marked) <= CLUSTER_MARKS
+
 
 @dataclass
 class Block:
@@ -116,6 +123,7 @@ def readme_blocks() -> list[Block]:
 
 
 BLOCKS = readme_blocks()
+CLUSTER_BLOCKS = [b for b in BLOCKS if any(c.on_cluster for c in b.commands)]
 
 
 def test_the_readme_shows_its_commands_in_bash_blocks():
@@ -171,6 +179,7 @@ class Runner:
 
     def __init__(self, cwd: Path, data_dir: Path, monkeypatch):
         self.cwd, self.data_dir, self.last_run = cwd, data_dir, None
+        self.pending: list[list[str]] = []  # the torchrun commands of the nodes of one launch, until all are there
         self.env = {"ATTNLAB_DATA_DIR": str(data_dir), "ATTNLAB_LOG_DIR": str(cwd / "logs"),
                     "ATTNLAB_CACHE_DIR": str(cwd / ".cache"), "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",
                     "WANDB_SILENT": "true"}
@@ -230,6 +239,8 @@ class Runner:
             if argv[1] == "sweep":  # its Hydra side is checked in test_sweeps.py
                 assert (ROOT / argv[2]).is_file()
             return
+        if cmd.on_cluster:
+            return self.on_cluster(cmd, argv, env_prefix)
         if argv[0] in ("sbatch", "torchrun") and cmd.marked:  # run for real in test_multinode_launch.py; here: the
             script = next(i for i, a in enumerate(argv) if (ROOT / a).is_file())  # script there, its config composes
             prefix = ["trainer=multinode"] if argv[script].endswith(".sbatch") else []
@@ -260,6 +271,45 @@ class Runner:
             extra = budget_args(entry, args)
             return self.subprocess(["-m", f"attnlab.{entry}", *args, *extra], env_prefix)
         self.in_process(entry, args)
+
+    def on_cluster(self, cmd: Command, argv: list[str], env_prefix: dict) -> None:
+        """A [SLURM] or [multi-node] command for real, with the budget: `python train.py -m launcher=slurm ...` on the
+        cluster, `sbatch --wait` of a batch script (its output in this folder), and the `torchrun` of each node
+        started side by side with the next command's (one launch of several nodes, on a free port)."""
+        env = os.environ | env_prefix | {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        if argv[0] == "python":
+            assert argv[1] == "train.py", cmd.text
+            return self.subprocess(["-m", "attnlab.train", *argv[2:], *budget_args("train", argv[2:])], env_prefix)
+        if argv[0] == "sbatch":
+            script = next(i for i, a in enumerate(argv) if (ROOT / a).is_file())
+            run = [*argv[:script], "--wait", f"--output={self.cwd}/slurm-%j.out", str(ROOT / argv[script]),
+                   *argv[script + 1:], *budget_args("train", [])]
+            out = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+            logs = "".join(p.read_text() for p in self.cwd.glob("slurm-*.out"))
+            assert out.returncode == 0, f"{' '.join(run)}: {out.stderr}\n{logs[-4000:]}"
+            return self.found_run()
+        assert argv[0] == "torchrun", cmd.text
+        self.pending.append(argv)
+        if len(self.pending) < int(argv[argv.index("--nnodes") + 1]):
+            return  # the other nodes' commands follow
+        port, procs = str(free_port()), []
+        for node in self.pending:
+            node = [port if prev == "--master-port" else a for prev, a in zip(["", *node], node)]
+            script = next(i for i, a in enumerate(node) if a.endswith(".py"))
+            run = [sys.executable, "-m", "torch.distributed.run", *node[1:script], str(ROOT / node[script]),
+                   *node[script + 1:], *budget_args("train", [])]
+            procs.append(subprocess.Popen(run, cwd=self.cwd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        self.pending = []
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            assert p.returncode == 0, out[-4000:]
+        self.found_run()
+
+    def found_run(self) -> None:
+        runs = sorted(self.cwd.glob("logs/*/runs/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        assert runs, "the run wrote no checkpoint"
+        self.last_run = runs[-1].parents[1]
 
     def subprocess(self, argv: list[str], env_prefix: dict) -> None:
         out = prefork.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
@@ -334,8 +384,24 @@ def budget_args(entry: str, args: list[str]) -> list[str]:
     return extra
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.where)
+@pytest.mark.parametrize("block", CLUSTER_BLOCKS, ids=lambda b: b.where)
+def test_readme_cluster_block_runs(block, slurm_cluster, tmp_path, small_data, monkeypatch):
+    """The blocks with [SLURM] and [multi-node] commands, on the real two-node SLURM cluster."""
+    slurm_cluster(accounting=True)
+    test_readme_block_runs(block, tmp_path, small_data, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b not in CLUSTER_BLOCKS], ids=lambda b: b.where)
 def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
     runner = Runner(tmp_path, small_data, monkeypatch)
     for cmd in block.commands:
