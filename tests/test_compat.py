@@ -34,6 +34,9 @@ def test_the_internals_compat_uses_exist():
                  "STARTING_VERSION", "last_model_path"):
         assert hasattr(callback, name), name
     assert compat.logs_this_step(trainer) in (True, False)
+    assert not trainer.received_sigterm
+    compat.stop_after_this_step(trainer)
+    assert trainer.received_sigterm
 
 
 def test_the_torchmetrics_internals_compat_uses_exist():

@@ -51,6 +51,13 @@ def restore_loader_position(trainer) -> None:
         iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
 
 
+def stop_after_this_step(trainer) -> None:
+    """Stop training at the end of the current step, as Lightning stops on SIGTERM: a SIGTERMException, on which the
+    checkpoint callbacks' on_exception save. Each process checks its own flag: in a run of several, set it in all of
+    them after the same step."""
+    trainer._signal_connector.received_sigterm = True
+
+
 @contextlib.contextmanager
 def logging_off(module) -> Iterator[None]:
     """Run a LightningModule's step outside the trainer: its `log`, `log_dict` and attnlab's `log_train_loss` do

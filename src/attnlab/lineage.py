@@ -2,8 +2,11 @@
 main libraries' versions), the machine (GPUs and driver, or CPU model and threads), the host and the times.
 
 Written as `lineage.json` in the run folder when training starts and again when it ends (the uncommitted changes
-as `lineage.diff` beside it), and stored in every checkpoint. A run started again in its folder keeps the earlier
-records under `earlier`. `attnlab-compare --diff A B` shows how two runs' lineages differ."""
+as `lineage.diff` beside it), and stored in every checkpoint. A run started again in its folder (a requeued SLURM job,
+the same command again) keeps the earlier records under `earlier`: one record per attempt, numbered (`attempt`), each
+with how it ended (`status`: finished, stopped, requeued: time limit, requeued: preempted, ...) and, in a SLURM job,
+the job and how many times SLURM has restarted it (`slurm.restart_count`).
+`attnlab-compare --diff A B` shows how two runs' lineages differ."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from typing import Any
 PACKAGES = ("torch", "lightning", "hydra-core", "omegaconf", "timm", "torchmetrics", "torchvision", "transformers",
             "tokenizers", "datasets", "numpy", "optuna", "wandb", "segmentation-models-pytorch", "sacrebleu")
 FILE, DIFF = "lineage.json", "lineage.diff"
+# the status of an earlier attempt that ended without saying how (SIGKILL, its node lost, out of memory)
+UNRECORDED = "ended unrecorded: killed (SIGKILL, out of memory) or its node lost"
 _MAX_DIFF = 5 * 2**20  # a diff larger than this is cut (a generated file checked in by mistake)
 
 
@@ -50,6 +55,9 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
         "ended": None,
         "status": "running",
     }
+    slurm = _slurm()
+    if slurm:  # a SLURM job: which one, and which of its attempts
+        record["slurm"] = slurm
     for key, env in (("sweep_command", "ATTNLAB_SWEEP_COMMAND"), ("rerun_of", "ATTNLAB_RERUN_OF")):
         if os.environ.get(env):  # a job of a multirun: the sweep's own command; a rerun: the run it trains again
             record[key] = os.environ[env]
@@ -60,7 +68,8 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
 
 
 def write(run_dir: str | os.PathLike, record: dict[str, Any], diff: str = "") -> None:
-    """lineage.json (and lineage.diff) in the run folder, each written whole; earlier records of the folder kept."""
+    """lineage.json (and lineage.diff) in the run folder, each written whole; earlier records of the folder kept
+    (under `earlier`, oldest first), each attempt numbered (`attempt`: 1, 2, ...)."""
     from attnlab.utils.atomic import write_text
 
     path = Path(run_dir) / FILE
@@ -69,11 +78,14 @@ def write(run_dir: str | os.PathLike, record: dict[str, Any], diff: str = "") ->
         try:
             old = json.loads(path.read_text())
             if old.get("started") != record.get("started"):
+                if old.get("status") == "running":  # it never recorded its end
+                    old["status"] = UNRECORDED
                 earlier = [*old.pop("earlier", []), old]
         except (ValueError, OSError, AttributeError):
             pass
     if earlier:
         record["earlier"] = earlier
+    record["attempt"] = len(record.get("earlier", [])) + 1
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(record, indent=2, sort_keys=False))
     if diff:
@@ -118,6 +130,21 @@ def _git(cwd: Path, with_diff: bool = True) -> tuple[dict[str, Any] | None, str]
     if diff:
         info["diff_file"] = DIFF
     return info, diff
+
+
+def _slurm() -> dict[str, Any] | None:
+    """The SLURM job this process runs in: its id (`<array job>_<task>` in an array), how many times SLURM has
+    restarted it (requeues: SLURM_RESTART_COUNT), its nodes and partition; None outside SLURM."""
+    env = os.environ
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    array = env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID")
+    return {
+        "job_id": f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}" if array else env["SLURM_JOB_ID"],
+        "restart_count": int(env.get("SLURM_RESTART_COUNT") or 0),
+        "nodes": env.get("SLURM_JOB_NODELIST"),
+        "partition": env.get("SLURM_JOB_PARTITION"),
+    }
 
 
 def _versions() -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Stores the run's resolved config, W&B run id and lineage in every checkpoint, so a checkpoint alone can be
 evaluated, used for prediction, resumed into the same W&B run, or traced back to the code and machine that made it;
-writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`)."""
+writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`): one record per attempt of
+the run in its folder (a SLURM job requeued, a run started again), each saying how it ended."""
 
 from __future__ import annotations
 
@@ -34,18 +35,33 @@ class RunMetadata(L.Callback):
         if trainer.is_global_zero and self._run_dir():
             lineage.write(self._run_dir(), self.lineage, diff)
 
-    def _finish(self, trainer, status: str) -> None:
+    @staticmethod
+    def of(trainer: L.Trainer) -> RunMetadata | None:
+        return next((c for c in trainer.callbacks if isinstance(c, RunMetadata)), None)
+
+    def finish(self, trainer, status: str, **fields: Any) -> None:
+        """How this attempt of the run ended (`finished`, `stopped`, `requeued: time limit`, ...), in lineage.json."""
         if self.lineage is None or not trainer.is_global_zero or not self._run_dir():
             return
-        self.lineage |= {"ended": lineage.now(), "status": status, "global_step": trainer.global_step}
+        self.lineage |= {"ended": lineage.now(), "status": status, "global_step": trainer.global_step, **fields}
         lineage.write(self._run_dir(), self.lineage)
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self._finish(trainer, "finished")
+        self.finish(trainer, "finished")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        pruned = type(exception).__name__ == "TrialPruned"  # an Optuna sweep's pruner stopped it
-        self._finish(trainer, "pruned" if pruned else f"stopped: {type(exception).__name__}")
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        from attnlab.callbacks.signals import SignalGuard
+
+        if isinstance(exception, SIGTERMException) and SignalGuard.of(trainer) is not None:
+            return  # a signal's stop: the guard records how it ended (stopped, requeued, ...)
+        if type(exception).__name__ == "TrialPruned":  # an Optuna sweep's pruner stopped it
+            self.finish(trainer, "pruned")
+        elif isinstance(exception, KeyboardInterrupt):
+            self.finish(trainer, "stopped: Ctrl-C")
+        else:
+            self.finish(trainer, f"failed: {type(exception).__name__}")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["attnlab"] = {

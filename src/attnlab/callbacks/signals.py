@@ -1,45 +1,151 @@
-"""SIGTERM during training: the first one saves `last.ckpt` at the end of the current step and stops (Lightning's
-handler, with ModelCheckpoint.on_exception); a second one, or the first when the current step has already run for
-`patience_s` seconds (a run too large for the machine, a hung collective), stops the process at once, naming the
-checkpoint that the last save left. A run stopped by SIGTERM ends with status 143 (128 + SIGTERM), as a process
-killed by it would, so that a scheduler or pipeline does not record a preempted run as finished."""
+"""Signals during training, each acted on by one handler: this module's `SignalGuard`.
+
+SIGTERM (`kill`, `scancel`, the end of a time limit) and Ctrl-C: the first one saves `last.ckpt` at the end of the
+current step and stops (Lightning's stop, with ModelCheckpoint.on_exception); a second one, or the first when the
+current step has already run for `patience_s` seconds (a run too large for the machine, a hung collective), stops the
+process at once, naming the checkpoint that the last save left. A run stopped by SIGTERM ends with status 143
+(128 + SIGTERM), as a process killed by it would, so that a scheduler or pipeline does not record a preempted run as
+finished; its lineage says `stopped`.
+
+SLURM's warning before a time limit or a preemption (`--signal=USR1@<seconds>`, which `launcher=slurm` asks for):
+SIGUSR1, and in a submitit job submitit's own signal too ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default). The current
+step ends (on every rank of a multi-node job: they decide together, after the same step), `last.ckpt` is saved at
+it, then the job is requeued and continues from that file in its own folder:
+- in a job of `launcher=slurm` (submitit), by submitit's requeue (its handler's `checkpoint_and_try_requeue`, called
+  once last.ckpt is written): it tells a time limit from a preemption by how long the job has run, counts time limits
+  against `launcher.max_num_timeout` and, past it, does not requeue: the run then ends with status 143, its lineage
+  and last line saying why;
+- in a batch script of the user's own (`srun python train.py ...`), by `scontrol requeue <job id>`.
+Either way the attempt ends with status 143, and its lineage record says how it ended (`requeued: time limit`,
+`requeued: preempted`, `stopped: time limit, not requeued`); the requeued attempt adds a record of its own.
+
+Lightning's own SLURM handler, which would save `hpc_ckpt_<n>.ckpt` and requeue too, is off: `slurm_environment()`
+gives the trainer Lightning's SLURM environment without it (builders.build_trainer). submitit's SIGTERM and SIGCONT
+handlers, which only log, are replaced during training, and so is Lightning's SIGTERM handler once the requeue is
+asked for (the requeue's SIGTERM then changes nothing). Before training starts, SLURM's warning is submitit's to
+handle where it is submitit's signal (it requeues at once: nothing is lost); once training has ended it is ignored
+(the test pass and the report need no requeue).
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+STOPPED = 128 + signal.SIGTERM  # the status of a run stopped by a signal: not finished
+
+
+def in_slurm_job() -> bool:
+    """A task of a SLURM job started by srun (submitit's jobs, a user's `srun python train.py`), not an interactive
+    allocation: where Lightning uses its SLURM environment and a requeue can continue the run."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return bool(os.environ.get("SLURM_JOB_ID")) and SLURMEnvironment.detect()
+
+
+def slurm_environment():
+    """Lightning's SLURM environment (ranks, nodes, rendezvous) without its requeue handler, under SLURM; else None.
+    SignalGuard alone acts on SLURM's warning signal."""
+    if not in_slurm_job():
+        return None
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment(auto_requeue=False)
+
+
+def slurm_job_id() -> str | None:
+    """The job as scontrol names it: `<array job>_<task>` for a task of an array, else its id."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def submitit_handler():
+    """The signal handler submitit installed in this job (launcher=slurm), which requeues it; None elsewhere."""
+    if "submitit" not in sys.modules:
+        return None
+    for signum in (signal.SIGTERM, *submitit_signals()):
+        owner = getattr(signal.getsignal(signum), "__self__", None)
+        if type(owner).__module__.startswith("submitit.") and hasattr(owner, "checkpoint_and_try_requeue"):
+            return owner
+    return None
+
+
+def submitit_signals() -> tuple[signal.Signals, ...]:
+    """The signal submitit requeues on in this process ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default)."""
+    from submitit import JobEnvironment
+
+    found = getattr(signal, "SIG" + str(JobEnvironment.USR_SIG), None)
+    return (found,) if found is not None else ()
+
 
 class SignalGuard(Callback):
     def __init__(self, patience_s: float = 30.0):
         self.patience_s = patience_s
-        self.received = 0
+        self.received = 0  # SIGTERMs
+        self.warned: int | None = None  # SLURM's warning signal, once received
+        self.ending = False  # saved after SLURM's warning: a SIGTERM now (the requeue's, the limit's) changes nothing
+        self.listening = False  # to SLURM's warning
         self.step_started: float | None = None
         self._trainer = None
+        self._submitit = None
+
+    @staticmethod
+    def of(trainer) -> SignalGuard | None:
+        return next((c for c in trainer.callbacks if isinstance(c, SignalGuard)), None)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        # before Lightning registers its own handler, which calls the one it finds after its own
+        # before Lightning registers its own SIGTERM handler, which calls the one it finds after its own
         self._trainer = trainer
-        if stage == "fit" and hasattr(signal, "SIGTERM"):
-            previous = signal.getsignal(signal.SIGTERM)
-            if previous in (signal.SIG_DFL, signal.SIG_IGN, None):
-                signal.signal(signal.SIGTERM, self.on_sigterm)
+        if stage != "fit":
+            return
+        self._submitit = submitit_handler()
+        if hasattr(signal, "SIGTERM") and _replaceable(signal.getsignal(signal.SIGTERM)):
+            signal.signal(signal.SIGTERM, self.on_sigterm)
+        if self._submitit is not None and _replaceable(signal.getsignal(signal.SIGCONT)):
+            signal.signal(signal.SIGCONT, signal.SIG_DFL)  # submitit's only logs the SIGCONT that precedes a SIGTERM
+        if hasattr(signal, "SIGUSR1") and in_slurm_job():
+            warning_signals = {signal.SIGUSR1, *(submitit_signals() if self._submitit is not None else ())}
+            for signum in warning_signals - {signal.SIGTERM}:
+                signal.signal(signum, self.on_warning)
+            self.listening = True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step_started = time.monotonic()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.step_started = None
+        if self.listening and trainer.world_size > 1:  # the ranks stop together, after the same step
+            if trainer.strategy.reduce_boolean_decision(self.warned is not None, all=False):
+                from attnlab.compat import stop_after_this_step
+
+                self.warned = self.warned or signal.SIGUSR1
+                stop_after_this_step(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if stage == "fit" and signal.getsignal(signal.SIGTERM) == self.on_sigterm:
+        """Training has ended (the test pass and the report follow): SLURM's warning from now on has nothing to
+        save and needs no requeue, and is ignored (not left to end the process: its default action)."""
+        if stage != "fit":
+            return
+        if signal.getsignal(signal.SIGTERM) == self.on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if self.listening:
+            for signum in {signal.SIGUSR1, *(submitit_signals() if self._submitit is not None else ())}:
+                signal.signal(signum, signal.SIG_IGN)
+            if self.warned is not None and trainer.is_global_zero:
+                os.write(2, f"attnlab: {signal.Signals(self.warned).name} came as training ended: nothing to "
+                            "requeue, the job goes on to its end.\n".encode())
 
     def on_sigterm(self, signum, frame) -> None:
+        if self.ending:
+            return
         self.received += 1
         running = time.monotonic() - self.step_started if self.step_started is not None else 0.0
         if self.received == 1 and running < self.patience_s:
@@ -47,23 +153,127 @@ class SignalGuard(Callback):
         why = "a second SIGTERM" if self.received > 1 else f"SIGTERM while a step has run for {running:.0f} s"
         self.stop_now(why)
 
+    def on_warning(self, signum, frame) -> None:
+        """SLURM's warning before a time limit or a preemption: stop after the current step, then requeue
+        (on_exception)."""
+        from attnlab.compat import stop_after_this_step
+
+        if self.warned is not None or self._trainer is None:
+            return
+        self.warned = signum
+        if self._trainer.world_size == 1:  # several ranks decide together, at the end of the step (on_train_batch_end)
+            stop_after_this_step(self._trainer)
+        if self._trainer.is_global_zero:
+            os.write(2, f"\nattnlab: {signal.Signals(signum).name} (SLURM's warning of a time limit or a preemption): "
+                        "stopping after the current step, to save it and requeue the job.\n".encode())
+
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        """Lightning's stop on SIGTERM is a SystemExit without a code (status 0, as if the run had finished): say
-        what was saved and give it SIGTERM's status. attnlab's ModelCheckpoint writes last.ckpt in this same round
-        of on_exception hooks (Lightning calls checkpoint callbacks last)."""
+        """Lightning's stop on a signal is a SystemExit without a code (status 0, as if the run had finished): say
+        what was saved and give it SIGTERM's status. On SLURM's warning, save last.ckpt now (attnlab's
+        ModelCheckpoint, whose save comes later in this round of hooks, then finds this step saved) and requeue."""
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if not isinstance(exception, SIGTERMException):
             return
+        exception.code = STOPPED
+        if self.warned is not None:
+            self.save_last(trainer)
+            self.requeue(trainer)
+            return
+        self.record(trainer, "stopped", signal="SIGTERM")
+        last = self.saved(trainer)
+        kept = (f"step {trainer.global_step} is saved in {last}; resume from it with ckpt_path={last}" if last
+                else "no checkpoint is configured (callbacks.model_checkpoint), so nothing was saved")
+        os.write(2, f"\nattnlab: stopped on SIGTERM: {kept}. Exit status {STOPPED} (preempted, not finished).\n"
+                 .encode())
+
+    def requeue(self, trainer) -> None:
+        """Requeue the job (submitit's requeue under launcher=slurm, else scontrol's); its rank 0 does, and says in
+        one line and in the lineage how this attempt ended."""
+        # the requeue's SIGTERM reaches every rank: this handler alone takes it, not Lightning's, whose broadcast to
+        # the ranks would meet ranks that have already gone
+        self.ending = True
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        if not trainer.is_global_zero:
+            return
+        name = signal.Signals(self.warned).name
+        if self._submitit is not None:
+            requeued, cause, why = self._submitit_requeue()
+        else:
+            (requeued, why), cause = self._scontrol_requeue(), "SLURM's warning"
+        last = self.saved(trainer)
+        kept = f"step {trainer.global_step} is saved in {last}" if last else "nothing was saved (no checkpoint " \
+            "is configured: callbacks.model_checkpoint)"
+        if requeued:
+            self.record(trainer, f"requeued: {cause}", signal=name)
+            os.write(2, f"attnlab: {name} ({cause}): {kept}; the job is requeued and continues from it in this "
+                        f"folder. Exit status {STOPPED}.\n".encode())
+            return
+        self.record(trainer, f"stopped: {cause}, not requeued", signal=name, not_requeued=why)
+        resume = f" Resume from it with ckpt_path={last}." if last else ""
+        os.write(2, f"attnlab: {name} ({cause}): {kept}. The job is not requeued: {why}.{resume} Exit status "
+                    f"{STOPPED} (not finished).\n".encode())
+
+    def _submitit_requeue(self) -> tuple[bool, str, str]:
+        """submitit's requeue of this job: (requeued, "time limit" or "preempted", why not). submitit tells a time
+        limit from a preemption by how long the job has run (`has_timed_out`); its answer is recorded on the way."""
+        from submitit.core.utils import UncompletedJobError
+
+        handler, decided = self._submitit, {}
+        timed_out = handler.has_timed_out
+
+        def has_timed_out() -> bool:
+            decided["timed_out"] = timed_out()
+            return decided["timed_out"]
+
+        handler.has_timed_out = has_timed_out
+        try:
+            handler.checkpoint_and_try_requeue(self.warned)
+            requeued, why = False, "submitit did not requeue it"
+        except SystemExit:  # submitit's way out once the job is requeued
+            requeued, why = True, ""
+        except UncompletedJobError as e:  # a time limit past launcher.max_num_timeout
+            requeued, why = False, (f"it has reached its time limit launcher.max_num_timeout times already ({e}); "
+                                    "give it a longer launcher.timeout_min or a larger launcher.max_num_timeout")
+        except (OSError, subprocess.SubprocessError) as e:  # scontrol refused
+            requeued, why = False, f"scontrol requeue failed ({e})"
+        finally:
+            del handler.has_timed_out
+        return requeued, "time limit" if decided.get("timed_out") else "preempted", why
+
+    @staticmethod
+    def _scontrol_requeue() -> tuple[bool, str]:
+        job = slurm_job_id()
+        try:
+            out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            return False, f"scontrol requeue {job} failed ({e})"
+        if out.returncode != 0:
+            return False, f"scontrol requeue {job}: {(out.stderr or out.stdout).strip()}"
+        return True, ""
+
+    @staticmethod
+    def save_last(trainer) -> None:
+        ckpt = getattr(trainer, "checkpoint_callback", None)
+        if ckpt is not None and hasattr(ckpt, "save_last_now") and not trainer.sanity_checking:
+            ckpt.save_last_now(trainer)
+
+    @staticmethod
+    def saved(trainer) -> Path | None:
+        """Where last.ckpt is saved, when the run saves one."""
         ckpt = getattr(trainer, "checkpoint_callback", None)
         if ckpt is not None and getattr(ckpt, "save_last", False) and getattr(ckpt, "dirpath", None):
-            last = Path(ckpt.dirpath) / "last.ckpt"
-            kept = f"step {trainer.global_step} is saved in {last}; resume from it with ckpt_path={last}"
-        else:
-            kept = "no checkpoint is configured (callbacks.model_checkpoint), so nothing was saved"
-        os.write(2, f"\nattnlab: stopped on SIGTERM: {kept}. Exit status {128 + signal.SIGTERM} "
-                    "(preempted, not finished).\n".encode())
-        exception.code = 128 + signal.SIGTERM
+            return Path(ckpt.dirpath) / "last.ckpt"
+        return None
+
+    @staticmethod
+    def record(trainer, status: str, **fields) -> None:
+        """How this attempt ended, in the run's lineage (RunMetadata)."""
+        from attnlab.callbacks.run_metadata import RunMetadata
+
+        metadata = RunMetadata.of(trainer)
+        if metadata is not None:
+            metadata.finish(trainer, status, **fields)
 
     def last_checkpoint(self) -> str | None:
         ckpt = getattr(self._trainer, "checkpoint_callback", None)
@@ -76,5 +286,16 @@ class SignalGuard(Callback):
         last = self.last_checkpoint()
         kept = (f"the last checkpoint is {last}; resume from it with ckpt_path={last}" if last
                 else "no checkpoint had been saved yet")
+        if self._trainer is not None:
+            self.record(self._trainer, f"stopped at once: {why}", signal="SIGTERM")
         os.write(2, f"\nattnlab: stopped at once on {why}: the current step is lost; {kept}.\n".encode())
-        os._exit(128 + signal.SIGTERM)
+        os._exit(STOPPED)
+
+
+def _replaceable(handler) -> bool:
+    """A SIGTERM handler SignalGuard takes over: none, submitit's (it only logs), or an earlier run's guard (a
+    multirun's jobs in one process)."""
+    if handler in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return True
+    owner = getattr(handler, "__self__", None)
+    return isinstance(owner, SignalGuard) or type(owner).__module__.startswith("submitit.")

@@ -223,11 +223,35 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
         with open_dict(trainer_cfg):
             del trainer_cfg["strategy"]
         extra["strategy"] = sharded
+    plugins = []
     if not trainer_cfg.get("plugins") and not writes_own_checkpoints(strategy):  # sharded: own IO
         from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 
-        extra["plugins"] = [AtomicCheckpointIO()]
+        plugins.append(AtomicCheckpointIO())
+    plugins, trainer_cfg = with_slurm_environment(plugins, trainer_cfg)
+    if plugins:
+        extra["plugins"] = plugins
     return instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False, **extra)
+
+
+def with_slurm_environment(plugins: list, trainer_cfg: DictConfig) -> tuple[list, DictConfig]:
+    """Under SLURM, Lightning's SLURM environment without its requeue handler: attnlab's SignalGuard alone acts on
+    SLURM's warning before a time limit or a preemption (it saves last.ckpt, then requeues: callbacks/signals.py).
+    The config's own plugins come along, unless they name a cluster environment of their own."""
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+
+    from attnlab.callbacks.signals import slurm_environment
+
+    environment = slurm_environment()
+    if environment is None:
+        return plugins, trainer_cfg
+    own = list(instantiate(trainer_cfg.plugins)) if trainer_cfg.get("plugins") else []
+    if any(isinstance(p, ClusterEnvironment) for p in own):
+        return plugins, trainer_cfg
+    trainer_cfg = trainer_cfg.copy()
+    with open_dict(trainer_cfg):
+        trainer_cfg.pop("plugins", None)
+    return [*own, *plugins, environment], trainer_cfg
 
 
 # ---- checkpoints
