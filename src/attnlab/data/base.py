@@ -107,7 +107,11 @@ class BaseDataModule(L.LightningDataModule):
         random state, which a resumed run restores (see ResumableDataLoader)."""
         return torch.Generator().manual_seed(self.seed)
 
+    def before_loader(self) -> None:
+        """Called before each DataLoader is built (the trainer, when there is one, holds the data module then)."""
+
     def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        self.before_loader()
         bs = self.batch_size if train else self.eval_batch_size
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)

@@ -65,7 +65,7 @@ class ImageFolderDataModule(ImageDataModule):
         self._file_sets.append(FileImages(samples, self.channels, transform, files=self._files))
         return self._file_sets[-1]
 
-    def _loader(self, ds, train: bool):
+    def before_loader(self) -> None:
         """The files that cannot be read are listed in the run folder: the trainer's once one holds the data module,
         before that (the memory estimate's first batch) the Hydra run's."""
         from attnlab.utils.media import hydra_run_dir, run_dir
@@ -73,7 +73,6 @@ class ImageFolderDataModule(ImageDataModule):
         report_dir = run_dir(self.trainer) if self.trainer is not None else hydra_run_dir()
         for images in getattr(self, "_file_sets", []):
             images.report_dir = report_dir
-        return super()._loader(ds, train)
 
     def build_splits(self):
         tr, ev = self.train_transform(), self.eval_transform()
