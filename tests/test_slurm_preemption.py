@@ -25,11 +25,6 @@ import torch
 from conftest import ROOT
 from slurm_cluster import ClusterManager, slurm
 
-# What the launcher does not set yet, given in the jobs' environment (cut this down as it becomes the launcher's own):
-# submitit's handler takes the warning signal (USR1) before training starts, so that a job warned that early is
-# requeued at once instead of killed by it; and one thread for a job of one CPU, where SLURM binds no cores (the
-# nodes of tools/slurm-cluster.sh share this machine's cores: torch's default threads oversubscribe them)
-UNTIL_THE_LAUNCHER_SETS = {"SUBMITIT_PREEMPT_SIGNAL": "USR1", "OMP_NUM_THREADS": "1"}
 
 # the run every job trains (digits, the ViT): 3 epochs of 20 batches; the same seed and no loader workers, so that
 # an interrupted run can end exactly where the run left alone ends
@@ -69,7 +64,7 @@ class Job:
 
     def __init__(self, tmp: Path, name: str):
         self.name = f"attnlab-preempt-{os.getpid()}-{name}"  # the SLURM job name: this session's own jobs
-        self.env = os.environ | UNTIL_THE_LAUNCHER_SETS | {
+        self.env = os.environ | {
             "PYTHONUNBUFFERED": "1", "ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")]))}
         self.started = time.monotonic()
