@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,29 @@ def test_scripts_end_without_the_interpreters_teardown_but_run_the_exit_handlers
         assert code == 3 and out == "main ranhandler ran\n", (how, out, result.stderr[-2000:])
         peaks[how] = peak  # MB
     assert peaks["run_process"] < peaks["normal"] - 50, peaks
+
+
+COUNT_COMPOSITIONS = """
+import atexit, sys
+from hydra._internal.hydra import Hydra
+calls = []
+compose_config = Hydra.compose_config
+def counted(self, *args, **kwargs):
+    calls.append(kwargs.get("run_mode"))
+    return compose_config(self, *args, **kwargs)
+Hydra.compose_config = counted
+atexit.register(lambda: print("compositions:", len(calls), flush=True))
+sys.argv = ["train.py", *sys.argv[1:]]
+from attnlab.cli.train import run
+run()
+"""
+
+
+@pytest.mark.slow
+def test_a_run_composes_its_config_once_after_the_command_line_check(log_env):
+    """attnlab's check of the command line composes the config (and reads hydra.mode from it); Hydra then composes it
+    once to run it, not once more just to read the mode."""
+    out = subprocess.run([sys.executable, "-c", COUNT_COMPOSITIONS, "debug=fdr"], capture_output=True, text=True,
+                         env=os.environ | log_env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "compositions: 2" in out.stdout, out.stdout[-1000:]

@@ -39,9 +39,10 @@ def fail(e: BaseException) -> None:
     sys.exit(2)
 
 
-def fail_before_hydra(check: Callable[..., None], *args: Any) -> None:
-    """Run a check of the command line before Hydra composes; a UserError stops like one raised in a run."""
+def fail_before_hydra(check: Callable[..., Any], *args: Any) -> Any:
+    """Run a check of the command line before Hydra composes (-> what it returns); a UserError stops like one raised
+    in a run."""
     try:
-        check(*args)
+        return check(*args)
     except UserError as e:
         fail(e)

@@ -25,12 +25,12 @@ def main() -> dict | None:
 
     from attnlab.cli.app import check_output_paths, null_groups
     from attnlab.errors import fail_before_hydra
-    from attnlab.cli.hydra_errors import check_composes
+    from attnlab.cli.hydra_errors import check_composes, pin_mode
 
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
 
     fail_before_hydra(check_output_paths, sys.argv[1:])
-    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "eval")  # attnlab's paragraph, not Hydra's
+    pin_mode(fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "eval"))  # attnlab's paragraph, not Hydra's
     return _main()
 
 

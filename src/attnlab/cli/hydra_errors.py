@@ -32,15 +32,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_composes(argv: list[str], conf_dir: Path, config_name: str) -> None:
+def check_composes(argv: list[str], conf_dir: Path, config_name: str) -> str | None:
     """Compose `argv` as Hydra will (each value of a sweep's group choices once); raise a UserError for an option
-    that is not there, a key that is not in the config, or a config file that is not valid YAML."""
+    that is not there, a key that is not in the config, or a config file that is not valid YAML. -> the run mode the
+    composed config sets (`hydra.mode`: RUN, MULTIRUN, or "" where it sets none), for `pin_mode`; None where it was
+    not composed."""
     args, overrides = _parser().parse_known_args(argv)
     if any(getattr(args, m, None) for m in _OTHER_MODES) or any(o.startswith("-") for o in overrides):
-        return
+        return None
     config_dir = Path(args.config_dir).expanduser().absolute() if args.config_dir else None
-    for variant in _variants(overrides):
-        _compose(variant, conf_dir, args.config_name or config_name, config_dir)
+    modes = [_compose(variant, conf_dir, args.config_name or config_name, config_dir)
+             for variant in _variants(overrides)]
+    return modes[0] if modes else None
+
+
+def pin_mode(mode: str | None) -> None:
+    """Hydra composes the whole config once only to read `hydra.mode` (Hydra.get_mode), then again to run it;
+    check_composes has just read it from the same command line, so that first composition is skipped."""
+    if mode is None:
+        return
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    original = Hydra.get_mode
+
+    def get_mode(self, config_name, overrides):  # once: the next command of a process composes again
+        Hydra.get_mode = original
+        return RunMode[mode] if mode else None
+
+    Hydra.get_mode = get_mode
 
 
 def _variants(overrides: list[str]) -> list[list[str]]:
@@ -69,7 +89,7 @@ def _variants(overrides: list[str]) -> list[list[str]]:
     return lines
 
 
-def _compose(overrides: list[str], conf_dir: Path, config_name: str, config_dir: Path | None) -> None:
+def _compose(overrides: list[str], conf_dir: Path, config_name: str, config_dir: Path | None) -> str | None:
     import yaml
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -83,7 +103,9 @@ def _compose(overrides: list[str], conf_dir: Path, config_name: str, config_dir:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
-            compose(config_name=config_name, overrides=[*overrides, *extra])
+            cfg = compose(config_name=config_name, overrides=[*overrides, *extra], return_hydra_config=True)
+        mode = cfg.hydra.get("mode")
+        return mode.name if hasattr(mode, "name") else str(mode or "")
     except MissingConfigException as e:
         raise _missing_option(e, conf_dir, config_dir) from None
     except ConfigCompositionException as e:

@@ -35,7 +35,7 @@ def run() -> None:
 
 def main() -> float | None:
     from attnlab.cli.app import check_output_paths, null_groups
-    from attnlab.cli.hydra_errors import check_composes
+    from attnlab.cli.hydra_errors import check_composes, pin_mode
     from attnlab.cli.plugins import check_plugins
     from attnlab.cli import rerun
     from attnlab.errors import UserError, fail, fail_before_hydra
@@ -51,7 +51,7 @@ def main() -> float | None:
     sys.argv[1:] = null_groups(argv, CONF_DIR)
     fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
     fail_before_hydra(check_output_paths, sys.argv[1:])
-    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train")  # attnlab's paragraph, not Hydra's
+    pin_mode(fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train"))  # attnlab's paragraph, not Hydra's
     try:  # launcher=slurm: the job fitted to its partition, as overrides of each job (cli/slurm)
         from attnlab.cli.slurm import fit_command_line
 
