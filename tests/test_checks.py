@@ -136,7 +136,8 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
     exits = []
     monkeypatch.setattr("os._exit", exits.append)
     guard = SignalGuard(patience_s=30)
-    guard._trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(last_model_path=str(tmp_path / "last.ckpt")))
+    guard._trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(last_model_path=str(tmp_path / "last.ckpt")),
+                                     callbacks=[])
     guard.step_started = time.monotonic()
     guard.on_sigterm(15, None)
     assert exits == []  # the first, mid-step: Lightning saves after the step
