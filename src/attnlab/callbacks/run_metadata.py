@@ -52,9 +52,8 @@ class RunMetadata(L.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        from attnlab.callbacks.signals import SignalGuard
-
-        if isinstance(exception, SIGTERMException) and SignalGuard.of(trainer) is not None:
+        guarded = any(type(c).__name__ == "SignalGuard" for c in trainer.callbacks)  # callbacks/signals.py
+        if isinstance(exception, SIGTERMException) and guarded:
             return  # a signal's stop: the guard records how it ended (stopped, requeued, ...)
         if type(exception).__name__ == "TrialPruned":  # an Optuna sweep's pruner stopped it
             self.finish(trainer, "pruned")
