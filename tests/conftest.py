@@ -150,3 +150,25 @@ def pytest_collection_finish(session):
             raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): this pytest and "
                                     "pytest-xdist do not work together for --dist loadgroup; install the versions "
                                     "pyproject.toml's dev extra asks for (`make install`).")
+
+
+def wandb_records(run_file: Path) -> list:
+    """The records of a W&B run file (`run-<id>.wandb`: a header of 7 bytes, then LevelDB's log format of 32 KiB
+    blocks, each record a protobuf `Record`), as W&B's own reader sees them."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, records, pending = run_file.read_bytes(), 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # the rest of a block too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:
+            break
+        pending, pos = pending + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+            pending = b""
+    return records

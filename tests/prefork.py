@@ -10,7 +10,10 @@ be signalled, killed and waited for like any other. What it shares with its sibl
 
 A variable that a preloaded module reads when it is imported (OMP_NUM_THREADS, HF_HUB_OFFLINE, HOME, TMPDIR, ...)
 cannot change in a forked child: a command whose environment differs from the server's in one of them, anything
-other than a script or a module, and every command when ATTNLAB_TEST_PREFORK=0, run as a real `python` process.
+other than a script or a module, and every command when ATTNLAB_TEST_PREFORK=0 (in the tests' environment or the
+command's), run as a real `python` process. What the server preloads it imports the way the entry points do
+(attnlab.cli.app first, then its import_run_stack), so that a forked run ends with the modules a new process ends
+with (tests/test_prefork.py compares them).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-PRELOAD = ["torch", "lightning.pytorch", "hydra", "omegaconf", "attnlab.cli.train", "attnlab.cli.eval",
-           "attnlab.cli.predict", "attnlab.cli.training"]
+# what every entry point imports before its work, imported the way it imports them: attnlab.cli.app first (its exit
+# handler comes before those of torch and the rest, as in a new process), then its import_run_stack
+PRELOAD = ["attnlab.cli.app", "hydra", "omegaconf", "attnlab.config"]
 # environment variables that the interpreter or a preloaded module reads at start-up or import (and so the server's
 # values would win); not those the libraries set themselves while a test trains in the worker (Lightning's PL_*,
 # PYTORCH_NVML_BASED_CUDA_CHECK, KMP_*, inductor's cache folder), which the child's run sets again
@@ -38,9 +42,11 @@ IMPORT_TIME_EXCEPT = {"PYTHONUNBUFFERED",  # the server's streams are unbuffered
                       "TORCHINDUCTOR_CACHE_DIR"}  # read when inductor compiles
 
 SERVER = r'''
-import json, os, random, runpy, signal, socket, sys, threading, traceback
+import json, os, random, runpy, signal, socket, sys, threading
 for name in sys.argv[2].split(","):
     __import__(name)
+from attnlab.cli.app import import_run_stack
+import_run_stack()
 server = socket.socket(socket.AF_UNIX)
 server.bind(sys.argv[1])
 server.listen(16)
@@ -68,11 +74,7 @@ def child(request):
             sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
             runpy.run_path(sys.argv[0], run_name="__main__")
 
-    try:
-        run_process(main)
-    except BaseException:  # what python prints for an uncaught exception, then exit status 1
-        traceback.print_exc()
-        run_process(lambda: sys.exit(1))
+    run_process(main)  # an uncaught exception: its traceback, then exit status 1, as python does
 
 
 def reap(conn, pid):
@@ -264,8 +266,9 @@ def Popen(args, cwd=None, env=None, stdout=None, stderr=None, text=False, start_
     args = [str(a) for a in args]
     script = len(args) > 1 and args[0] == sys.executable and args[1].endswith(".py") and Path(args[1]).is_file()
     module = args[2] if len(args) > 2 and args[0] == sys.executable and args[1] == "-m" else None
-    if (os.environ.get("ATTNLAB_TEST_PREFORK") == "0" or not (script or module) or kwargs
-            or not server().accepts(env if env is not None else dict(os.environ))):
+    env_of_child = env if env is not None else dict(os.environ)
+    if (os.environ.get("ATTNLAB_TEST_PREFORK") == "0" or env_of_child.get("ATTNLAB_TEST_PREFORK") == "0"
+            or not (script or module) or kwargs or not server().accepts(env_of_child)):
         return subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
                                 start_new_session=start_new_session, **kwargs)
     return Forked(args, module, cwd, env, stdout, stderr, text)

@@ -3,6 +3,8 @@ on made-up folders; the offline CIFAR-10 / MNIST copies load with their document
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -149,6 +151,50 @@ def test_imagefolder_split_by_fraction_and_by_folders(tmp_path):
     dm = ImageFolderDataModule(kind="images", root=str(tmp_path / "split"), image_size=8, batch_size=2)
     dm.setup()
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (6, 6, 6)
+
+
+def _files(dataset) -> set[str]:
+    """The image files of a split (a Transformed view of FileImages, or FileImages itself)."""
+    base, indices = (dataset.base, dataset.indices) if hasattr(dataset, "base") else (dataset, None)
+    return {base.samples[i][0] for i in (indices if indices is not None else range(len(base)))}
+
+
+@pytest.mark.parametrize("folders", [("train",), ("train", "val"), ("train", "test")])
+def test_imagefolder_without_a_test_or_val_folder_splits_it_from_train(folders, tmp_path):
+    """A split without a folder of its own comes out of train/ by its fraction: the test images are never the
+    validation images the best checkpoint is chosen on."""
+    for split in folders:
+        _make_tree(tmp_path / split, n=10)
+    dm = ImageFolderDataModule(kind="images", root=str(tmp_path), image_size=8, batch_size=4, val_fraction=0.2,
+                               test_fraction=0.1)
+    dm.setup()
+    train, val, test = (_files(s) for s in (dm.train_set, dm.val_set, dm.test_set))
+    assert not (train & val) and not (train & test) and not (val & test) and not dm.test_is_validation
+    for split, files in (("val", val), ("test", test)):
+        if split in folders:
+            assert all(f"/{split}/" in f for f in files) and len(files) == 20
+        else:
+            assert all("/train/" in f for f in files) and len(files) == {"val": 4, "test": 2}[split]
+    assert len(train) == 20 - (0 if "val" in folders else 4) - (0 if "test" in folders else 2)
+
+
+def test_imagefolder_test_as_validation_is_the_users_choice_and_said_with_the_results(tmp_path):
+    """data.test_fraction=0 without a test/ folder: the test split is the validation split (test_is_validation),
+    and the run's results say so where it prints and writes them."""
+    from conftest import run_cli
+
+    _make_tree(tmp_path / "images" / "train", n=10)
+    dm = ImageFolderDataModule(kind="images", root=str(tmp_path / "images"), image_size=8, batch_size=4,
+                               test_fraction=0)
+    dm.setup()
+    assert dm.test_is_validation and _files(dm.test_set) == _files(dm.val_set)
+    out = run_cli("train.py", "data=imagefolder", f"data.root={tmp_path / 'images'}", "data.test_fraction=0",
+                  "data.image_size=8", "data.batch_size=4", "trainer.max_epochs=1", "data.num_workers=0",
+                  env={"ATTNLAB_LOG_DIR": str(tmp_path / "logs")}, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "test/* are measured on the validation split" in out.stdout
+    metrics = json.loads(next((tmp_path / "logs").rglob("metrics.json")).read_text())
+    assert "test/acc" in metrics and metrics["test_is_validation"] is True, metrics
 
 
 def test_imagefolder_errors(tmp_path):

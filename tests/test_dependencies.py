@@ -25,6 +25,10 @@ BOUNDED = {
     "omegaconf": "resolver and flag behaviour",
     "segmentation-models-pytorch": "the encoder wrapper's parameter names",
     "optuna": "Study._storage (the sweeper marks a trial interrupted before failing it)",
+    "submitit": "the SLURM executor's _make_submission_file_text, the requeue handler's has_timed_out and "
+                "checkpoint_and_try_requeue",
+    "hydra-submitit-launcher": "its SlurmLauncher, which attnlab's launcher plugin extends",
+    "torch": "torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE) that the ranks share their run folder through",
 }
 
 
@@ -36,6 +40,18 @@ def _params(fn) -> list[str]:
 def test_packages_whose_internals_are_used_have_an_upper_bound(package):
     spec = next((r for r in requires("attnlab") or [] if re.match(rf"{package}\b", r, re.I)), None)
     assert spec and "<" in spec, f"pyproject.toml: bound {package} from above ({BOUNDED[package]})"
+
+
+@pytest.mark.parametrize("package", sorted(BOUNDED))
+def test_the_installed_version_is_within_the_tested_range(package):
+    """The range in pyproject.toml is the tested one: an installed version outside it (pip --no-deps, a site's own
+    build) fails here, naming the package and what of it attnlab uses."""
+    from packaging.requirements import Requirement
+
+    spec = next(Requirement(r) for r in requires("attnlab") or [] if re.match(rf"{package}\b", r, re.I))
+    installed = version(package)
+    assert spec.specifier.contains(installed, prereleases=True), \
+        f"{package} {installed} is outside attnlab's tested range {spec.specifier} ({BOUNDED[package]})"
 
 
 @pytest.fixture(scope="module")
@@ -110,24 +126,35 @@ def test_optuna_study_storage_user_attrs():
 
 
 LEAN_CHECK = """
-import sys
-from attnlab.lean_imports import import_lightning
+import importlib, sys
+from attnlab.lean_imports import Deferred, import_lightning
 import_lightning()
-loaded = sorted(m for m in ('torchvision', 'transformers', 'scipy.signal', 'matplotlib') if m in sys.modules)
+loaded = sorted(m for m in ('torchvision', 'transformers') if m in sys.modules)
 from lightning_utilities.core.imports import RequirementCache, package_available
 import torch
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 acc = MulticlassAccuracy(num_classes=3, average="micro")(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
-print(loaded, bool(RequirementCache('torchvision')), package_available('scipy'), round(float(acc), 3))
+# every name torchmetrics bound from a deferred package is, once used, the object a plain import gives
+deferred = [(m, k, v) for m in list(sys.modules.values()) for k, v in list(getattr(m, "__dict__", {}).items())
+            if isinstance(v, Deferred)]
+same = all(v.resolve() is getattr(importlib.import_module(v._module), v._attr) for _, _, v in deferred)
+cm = MulticlassConfusionMatrix(num_classes=3)
+cm.update(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
+fig, _ = cm.plot()  # matplotlib, which torchmetrics binds at import
+fig.savefig(sys.argv[1])
+print(loaded, bool(RequirementCache('torchvision')), package_available('transformers'), round(float(acc), 3),
+      len(deferred) > 0, same)
 """
 
 
-def test_lightning_imported_without_the_optional_packages_of_unused_metrics():
-    """attnlab.lean_imports turns lightning_utilities' availability checks off for a few packages while torchmetrics
-    is imported, then back on: Lightning and the metrics attnlab logs work, those packages are not imported, and a
-    check made afterwards sees them again."""
+def test_lightning_imported_with_the_optional_packages_of_unused_metrics_deferred_not_hidden(tmp_path):
+    """attnlab.lean_imports defers torchvision and transformers while torchmetrics is imported, patching nothing:
+    they are not imported at start-up, the availability checks see them, the names torchmetrics binds from them are
+    the real objects once used, and a metric's plot (matplotlib) works after the lean start."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", LEAN_CHECK], capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip() == "[] True True 0.667", out.stdout + out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", LEAN_CHECK, str(tmp_path / "cm.png")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.stdout.strip() == "[] True True 0.667 True True", out.stdout + out.stderr[-2000:]
+    assert (tmp_path / "cm.png").stat().st_size > 1000

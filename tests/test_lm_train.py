@@ -30,7 +30,9 @@ def test_fast_dev_run_of_each_lm_experiment(tmp_path, small_data, experiment, ex
     cfg = compose_cfg([f"experiment={experiment}", "debug=fdr", *extra, *SMALL], tmp_path, data_dir=small_data)
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["val/loss"] > 0 and "test/ppl" not in metrics  # the test split is the validation split
+    assert metrics["val/loss"] > 0
+    # no test split of its own: the test results say they are the validation split's (nanoGPT's recipe tests not)
+    assert metrics.get("test_is_validation") is (True if cfg.test else None), metrics
     if experiment == "bert_shakespeare":
         assert 0 <= metrics["val/acc"] <= 1
 
@@ -53,7 +55,7 @@ def test_gpt2_owt_recipe_runs_a_fast_dev_run_on_cpu_with_local_text(tmp_path, sm
     assert cfg.trainer.accumulate_grad_batches == 40 and cfg.optimizer.betas == [0.9, 0.95]
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["val/loss"] > 0 and "test/ppl" not in metrics  # the test split is the validation split
+    assert metrics["val/loss"] > 0 and metrics["test_is_validation"] is True  # no test split: said with the results
 
 
 def test_tokenizer_larger_than_the_model_vocabulary(tmp_path, small_data):

@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import prefork
-from conftest import FAST, ROOT, compose_cfg
+from conftest import FAST, ROOT, compose_cfg, run_cli
 
 SCRIPT = textwrap.dedent("""
     import os, sys
@@ -62,3 +62,35 @@ def test_the_entry_points_are_forked_after_a_training_in_the_test_process(tmp_pa
     proc = prefork.Popen([sys.executable, str(ROOT / "train.py"), "--help"], env=env, stdout=subprocess.DEVNULL)
     assert isinstance(proc, prefork.Forked), sorted(k for k in env if env[k] != prefork.server().env.get(k))
     assert proc.wait(timeout=60) == 0
+
+
+SERVER_OWN = "import json, os, random, runpy, signal, socket, sys, threading; print('\\n'.join(sys.modules))"
+
+
+def test_a_forked_run_and_a_new_process_end_with_the_same_modules_and_the_same_run_folder(tmp_path, small_data):
+    """The server imports what it preloads the way train.py does (attnlab.cli.app.import_run_stack): a run forked
+    from it and the same command as a new `python` process end with the same imported modules (but those the server
+    imports for its own work: sockets, runpy) and write the same files in their run folders."""
+    args = ["trainer.max_steps=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+            "trainer.limit_test_batches=1", "data.num_workers=0"]
+    runs = {}
+    for how in ("forked", "new"):
+        modules = tmp_path / f"{how}.modules"
+        env = {"ATTNLAB_RECORD_MODULES": str(modules), "ATTNLAB_LOG_DIR": str(tmp_path / how)}
+        if how == "new":
+            env["ATTNLAB_TEST_PREFORK"] = "0"
+        else:
+            prefork.server()  # started before the command, as in the suite
+        out = run_cli("train.py", *args, env=env, data_dir=small_data, timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:]
+        run_dir = next((tmp_path / how).rglob("metrics.json")).parent
+        files = {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()}
+        runs[how] = (set(modules.read_text().split()), files)
+    server_own = set(subprocess.run([sys.executable, "-c", SERVER_OWN], capture_output=True, text=True).stdout.split())
+    plain = set(subprocess.run([sys.executable, "-c", "import sys; print('\\n'.join(sys.modules))"],
+                               capture_output=True, text=True).stdout.split())
+    (forked, forked_files), (new, new_files) = runs["forked"], runs["new"]
+    assert "torchmetrics" in new and "lightning.pytorch" in new
+    assert forked - new <= server_own - plain, sorted(forked - new - (server_own - plain))
+    assert new - forked <= set(), sorted(new - forked)
+    assert forked_files == new_files, sorted(forked_files ^ new_files)

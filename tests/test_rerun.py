@@ -70,3 +70,23 @@ def test_rerun_refuses_what_it_cannot_do_in_one_paragraph(args, says, tmp_path, 
     (run / ".hydra" / "config.yaml").write_text("task_name: train\nseed: 1\nmodel: {lr: 1}\noptimizer: {lr: 1}\n")
     out = run_cli("train.py", *[a.format(tmp=tmp_path, run=run) for a in args], env=log_env, timeout=120)
     assert out.returncode == 2 and says in out.stdout and "Traceback" not in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_run_folder_records_the_accumulation_devices_and_precision_it_ran_with(tmp_path, log_env):
+    """global_batch_size decides the accumulation before anything is saved: config.yaml, .hydra/config.yaml (what
+    --rerun reads), the loggers' hyperparameters and lineage.json say what the run used; its rerun trains alike."""
+    first = run_cli("train.py", *TINY, "global_batch_size=64", "data.batch_size=16", env=log_env, timeout=300)
+    assert first.returncode == 0 and "accumulating gradients over 4 batches" in first.stdout, first.stdout[-2000:]
+    [run] = _runs(tmp_path / "logs")
+    for record in ("config.yaml", ".hydra/config.yaml", "csv/hparams.yaml"):
+        assert "accumulate_grad_batches: 4\n" in (run / record).read_text(), record
+    ran = json.loads((run / "lineage.json").read_text())["trainer"]
+    assert ran | {"accelerator": "cpu"} == {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "world_size": 1,
+                                            "precision": "32-true", "accumulate_grad_batches": 4,
+                                            "strategy": "SingleDeviceStrategy"}, ran
+    again = run_cli("train.py", "--rerun", str(run), env=log_env, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:]
+    [new] = [r for r in _runs(tmp_path / "logs") if r != run]
+    assert json.loads((new / "metrics.json").read_text()) == json.loads((run / "metrics.json").read_text())
+    assert json.loads((new / "lineage.json").read_text())["trainer"]["accumulate_grad_batches"] == 4

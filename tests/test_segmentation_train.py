@@ -65,12 +65,13 @@ def test_short_membrane_run_beats_the_trivial_prediction(short_run):
                          for i in range(25, 30)]).long()
     trivial_rand = float(RandError(object_class=1)(torch.ones_like(truth), truth))
     assert 0 <= metrics["val/rand_error"] < trivial_rand - 0.05, (metrics["val/rand_error"], trivial_rand)  # 0.75, 0.91
-    # the test split (the same slices) reports a per-class table, logged and printed
+    # the test split (the same slices, said so) reports a per-class table, logged and printed
+    assert metrics["test_is_validation"] is True
     assert metrics["test/miou"] == pytest.approx((metrics["test/iou/membrane"] + metrics["test/iou/cell"]) / 2)
     log = (short_run / "csv" / "metrics.csv").read_text()
     assert "test/iou/membrane" in log and "test/iou/cell" in log
     table = (short_run / "stdout.txt").read_text()
-    assert "Per-class IoU (test):" in table
+    assert "Per-class IoU (test, on the validation split):" in table
     assert f"membrane      {metrics['test/iou/membrane']:.4f}" in table and f"{metrics['test/miou']:.4f}" in table
     media = sorted((short_run / "media").glob("val_epoch000_*.png"))
     assert len(media) == 1

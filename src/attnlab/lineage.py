@@ -147,6 +147,25 @@ def _slurm() -> dict[str, Any] | None:
     }
 
 
+def launcher_settings() -> dict[str, Any] | None:
+    """The settings of the Hydra launcher that started this job (launcher=slurm's partition, nodes, tasks, CPUs,
+    memory and time limit, as fitted to the partition), None for a run started directly."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        if not HydraConfig.initialized():
+            return None
+        node = HydraConfig.get().launcher
+        target = str(node.get("_target_", ""))
+        if "BasicLauncher" in target:
+            return None
+        settings = OmegaConf.to_container(node, resolve=True)
+    except Exception:  # no Hydra run, or a launcher node that does not resolve outside its job
+        return None
+    return {k: v for k, v in settings.items() if isinstance(v, (str, int, float, bool))}
+
+
 def _versions() -> dict[str, str]:
     out = {}
     for name in PACKAGES:

@@ -20,6 +20,14 @@ def wandb_run_id(trainer: L.Trainer) -> str | None:
     return None
 
 
+def trainer_as_run(trainer: L.Trainer) -> dict[str, Any]:
+    """What the Trainer was given, as it runs: its devices, nodes, precision, accumulation and strategy."""
+    return {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+            "devices": trainer.num_devices, "num_nodes": trainer.num_nodes, "world_size": trainer.world_size,
+            "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "strategy": type(trainer.strategy).__name__}
+
+
 class RunMetadata(L.Callback):
     def __init__(self, config: dict[str, Any]):
         self.config = config
@@ -32,6 +40,10 @@ class RunMetadata(L.Callback):
         if stage != "fit" or self.lineage is not None:
             return
         self.lineage, diff = lineage.collect()
+        self.lineage["trainer"] = trainer_as_run(trainer)
+        launcher = lineage.launcher_settings()
+        if launcher:
+            self.lineage["launcher"] = launcher
         if trainer.is_global_zero and self._run_dir():
             lineage.write(self._run_dir(), self.lineage, diff)
 

@@ -289,7 +289,26 @@ class SignalGuard(Callback):
         if self._trainer is not None:
             self.record(self._trainer, f"stopped at once: {why}", signal="SIGTERM")
         os.write(2, f"\nattnlab: stopped at once on {why}: the current step is lost; {kept}.\n".encode())
-        os._exit(STOPPED)
+        end_at_once(STOPPED)
+
+
+def end_at_once(code: int, wandb_wait_s: float = 10.0) -> None:
+    """End the process now, without unwinding (a step or a collective may never return), leaving nothing half
+    done that can be ended: the temporary file of a write under way (a checkpoint) is removed, and a W&B run is
+    marked ended with `code` (failed), waiting at most `wandb_wait_s` for it."""
+    import threading
+
+    from attnlab.utils.atomic import remove_unfinished
+
+    remove_unfinished()
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        finishing = threading.Thread(target=wandb.finish, kwargs={"exit_code": code}, daemon=True)
+        finishing.start()
+        finishing.join(wandb_wait_s)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _replaceable(handler) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -27,6 +28,7 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         warnings.filterwarnings("ignore")
         logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     env_before = dict(os.environ)
+    import_run_stack()
     try:
         return fn(cfg)
     except UserError as e:
@@ -43,6 +45,15 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     finally:
         _finish_wandb()
         _reset_distributed(env_before)
+
+
+def import_run_stack() -> None:
+    """torch, Lightning and torchmetrics, imported the one way every entry point imports them before its work
+    (attnlab.lean_imports: the optional packages of unused metrics deferred, never hidden). The tests' fork server
+    preloads them through this function too, so that a forked run imports what a new process imports."""
+    from attnlab.lean_imports import import_lightning
+
+    import_lightning()
 
 
 def begin(cfg: DictConfig) -> None:
@@ -64,7 +75,7 @@ def run_process(main: Callable[[], Any]) -> None:
     """A script's whole process: `main()`, then the end of the process as the interpreter ends it, in its order
     (`end_process`), but without its teardown of the modules. With torch loaded, that teardown takes over a second
     and pages in about 0.13 GB: more than a small run's training adds to its peak memory. An exception ends the
-    usual way, with its traceback."""
+    usual way, with its traceback and status 1."""
     try:
         main()
         code: Any = 0
@@ -74,6 +85,9 @@ def run_process(main: Callable[[], Any]) -> None:
         print("\nattnlab: interrupted (Ctrl-C); run the same command again to start over (caches and checkpoints "
               "are written whole or not at all).", file=sys.stderr)
         code = 130
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
     if "torch" not in sys.modules:  # nothing heavy to tear down (--help, --cfg job)
         sys.exit(code)
     if code is not None and not isinstance(code, int):
@@ -85,30 +99,42 @@ def run_process(main: Callable[[], Any]) -> None:
 # how long the end of a process may wait for threads and exit handlers before it exits without them
 EXIT_GRACE_ENV = "ATTNLAB_EXIT_GRACE_S"
 DEFAULT_EXIT_GRACE_S = 60.0
+# a file to which the end of a process writes the names of the modules it imported, one a line (how the tests compare
+# a process forked from their server with a new one)
+MODULES_FILE_ENV = "ATTNLAB_RECORD_MODULES"
+_ending: list[int] = []  # the status end_process ends with, once it has begun
 
 
 def end_process(code: int) -> NoReturn:
-    """End the process with status `code` the way the interpreter's own exit does, in the same order: threading's
-    exit callbacks first (they tell idle workers of `concurrent.futures` pools, such as torch's compile workers, to
-    stop), then the non-daemon threads joined, then the atexit handlers (log files, W&B, DataLoader workers); then
-    `os._exit`, skipping the teardown of the modules. Never without a bound: if a thread or a handler still holds
-    the process after $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the process exits with `code`."""
-    import atexit
+    """End the process with status `code` through the interpreter's own exit (`sys.exit`), which stops idle
+    `concurrent.futures` workers (such as torch's compile workers), joins the non-daemon threads, then runs the
+    atexit handlers (log files, W&B, DataLoader workers) newest first. The oldest of them, `_skip_teardown`, then
+    ends the process with `os._exit`, skipping the teardown of the modules. Never without a bound: if a thread or a
+    handler still holds the process after $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the process
+    exits with `code`."""
     import threading
 
     grace = _exit_grace()
+    _ending.append(code)
     watchdog = threading.Thread(target=_exit_after, args=(grace, code), name="attnlab-exit-watchdog", daemon=True)
     watchdog.start()
-    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first when it exits
-    if shutdown is not None:
-        shutdown()
-    else:  # pragma: no cover - every CPython from 3.4 has it
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-    atexit._run_exitfuncs()
+    sys.exit(code)
+
+
+def _skip_teardown() -> None:
+    """The last exit handler that matters (registered when this module is imported, before torch and the rest):
+    after the others have run, end a process that `end_process` is ending without the teardown of its modules."""
+    if not _ending:  # an ordinary exit of a process that imported this module (a notebook, pytest)
+        return
+    logging.shutdown()  # logging's own handler was registered before this one
+    path = os.environ.get(MODULES_FILE_ENV)
+    if path:
+        Path(path).write_text("\n".join(sorted(sys.modules)) + "\n")
     _flush_streams()
-    os._exit(code)
+    os._exit(_ending[0])
+
+
+atexit.register(_skip_teardown)
 
 
 def _exit_grace() -> float:

@@ -183,16 +183,36 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
     return global_batch_size // per_step
 
 
+def decide_accumulation(cfg: DictConfig) -> None:
+    """`global_batch_size` -> `trainer.accumulate_grad_batches`, decided once, before the run's config is saved:
+    config.yaml, .hydra/config.yaml, the loggers' hyperparameters, preflight and the Trainer all read the value the
+    run uses."""
+    if not cfg.get("global_batch_size"):
+        return
+    trainer_cfg = cfg.trainer
+    check_devices(trainer_cfg)
+    accumulate = accumulation_for(int(cfg.global_batch_size), int(cfg.data.batch_size),
+                                  device_count(trainer_cfg), int(trainer_cfg.get("num_nodes", 1)))
+    with open_dict(trainer_cfg):
+        trainer_cfg.accumulate_grad_batches = accumulate
+    log.info("global_batch_size=%d: accumulating gradients over %d batches", cfg.global_batch_size, accumulate)
+    hydra_config = Path(cfg.paths.output_dir) / ".hydra" / "config.yaml"  # the composed config --rerun reads
+    if hydra_config.is_file():
+        from omegaconf import OmegaConf
+
+        from attnlab.utils.atomic import write_text
+
+        composed = OmegaConf.load(hydra_config)
+        if "trainer" in composed:
+            with open_dict(composed):
+                composed.trainer.accumulate_grad_batches = accumulate
+            write_text(hydra_config, OmegaConf.to_yaml(composed))
+
+
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
     """The Trainer of cfg.trainer; an FSDP strategy gets the block classes of `model`'s network (strategies.py)."""
     trainer_cfg = cfg.trainer
     check_devices(trainer_cfg)
-    if cfg.get("global_batch_size"):
-        accumulate = accumulation_for(int(cfg.global_batch_size), int(cfg.data.batch_size),
-                                      device_count(trainer_cfg), int(trainer_cfg.get("num_nodes", 1)))
-        with open_dict(trainer_cfg):
-            trainer_cfg.accumulate_grad_batches = accumulate
-        log.info("global_batch_size=%d: accumulating gradients over %d batches", cfg.global_batch_size, accumulate)
     if trainer_cfg.get("accelerator") == "cpu" and isinstance(trainer_cfg.get("devices"), int):
         # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
         # threads than the process was given, e.g. by OMP_NUM_THREADS)

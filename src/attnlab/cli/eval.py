@@ -74,10 +74,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     evaluate_on = trainer.test if run.split == "test" else trainer.validate
     metrics = {k: float(v) for k, v in evaluate_on(model, datamodule=dm, verbose=True)[0].items()
                if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint
+    where = f"the {run.split} split"
+    if run.split == "test" and data_hooks.test_is_validation(dm):  # said where the results are printed and written
+        metrics["test_is_validation"] = True
+        where += ", which is this data's validation split (it has no held-out test data)"
     out = Path(cfg.paths.output_dir)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
-    log.info("evaluated %s on the %s split: %s (written to %s)", ckpt, run.split,
-             ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())), out / "metrics.json")
+    log.info("evaluated %s on %s: %s (written to %s)", ckpt, where,
+             ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()) if k != "test_is_validation"),
+             out / "metrics.json")
     return metrics
 
 

@@ -153,7 +153,7 @@ def _run_seconds(cfg: DictConfig, dm, train_batches: int, batch_s: float, val_ba
             passes = int(epochs // int(every or 1)) * per if every else int(epochs) * per
             passes = max(passes, 1)
         parts["validation"] = passes * n_val * val_batch_s
-        if RunSettings.of(cfg).test and not data_hooks.test_is_validation(dm):
+        if RunSettings.of(cfg).test:
             n_test = _loader_len(dm.test_dataloader())
             parts["test"] = _limited(n_test, t.get("limit_test_batches")) * val_batch_s if n_test else 0.0
     return sum(parts.values()), parts

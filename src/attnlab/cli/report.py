@@ -52,6 +52,9 @@ def report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path, e
     device, peak = peak_memory(trainer.strategy.root_device)
     lines.append(f"  peak memory ({device})      {peak / GiB:.2f} GiB"
                  + (f" (estimated at start: {estimate.total / GiB:.2f} GiB)" if estimate is not None else ""))
+    if metrics.get("test_is_validation"):
+        lines.append("  test/* are measured on the validation split (this data has no held-out test split; the best "
+                     "checkpoint was chosen on it): not a held-out test score")
     summary = "\n".join([f"Results of {RunSettings.of(cfg).task_name}:", *lines, f"  run directory: {out_dir}"]
                         + ([f"  best checkpoint: {ckpt}"] if ckpt else []))
     if "test/acc" in metrics:

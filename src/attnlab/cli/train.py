@@ -93,15 +93,14 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.errors import UserError
     from attnlab.settings import RunSettings
 
-    if str((cfg.get("model") or {}).get("_target_", "")).startswith("attnlab."):  # attnlab's own tasks' metrics
-        from attnlab.lean_imports import import_lightning
-
-        import_lightning()  # without the packages torchmetrics imports for metrics no task of attnlab logs
     # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
     begin(cfg)  # a model/data pair of other kinds is refused there
     check_schedule_keys(cfg)
     check_config(cfg)  # every constructor's keys, types and ranges
     run = RunSettings.of(cfg)
+    from attnlab.cli.builders import decide_accumulation
+
+    decide_accumulation(cfg)  # before anything reads or saves it
 
     import lightning as L
 
@@ -165,10 +164,7 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- test the best checkpoint (or the checkpoint train=false names)
     test_metrics = {}
-    if run.test and run.train and data_hooks.test_is_validation(dm):
-        log.info("no test pass: the test split of this data is its validation split, whose results (val/*) stand "
-                 "(data.test_files or data.test_fraction give it a test split of its own)")
-    elif run.test:
+    if run.test:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if not run.train:
             best = ckpt_path or ""
@@ -179,6 +175,8 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- report: metrics.json, the summary, a sweep's results.csv row
     metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
+    if test_metrics and data_hooks.test_is_validation(dm):  # said with the results (report.report)
+        metrics["test_is_validation"] = True
     report.add_best_of_monitor(cfg, metrics, trainer)
     if trainer.is_global_zero:
         report.report(cfg, metrics, trainer, out_dir, estimate)

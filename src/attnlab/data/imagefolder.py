@@ -75,25 +75,29 @@ class ImageFolderDataModule(ImageDataModule):
             images.report_dir = report_dir
 
     def build_splits(self):
+        """train/, val/ and test/ as given; a split without a folder of its own comes out of train/ (or out of a
+        bare <class>/* tree) by data.val_fraction / data.test_fraction, so the test score is never measured on the
+        data the best checkpoint was chosen on, unless data.test_fraction=0 asks for that (test_is_validation)."""
         tr, ev = self.train_transform(), self.eval_transform()
+        has_val, has_test = "val" in self.splits, "test" in self.splits
+        samples = list(self.splits.get("all") or self.splits["train"])
         test = None
-        if "all" in self.splits:
-            samples = self.splits["all"]
-            test_idx, val_idx, train_idx = split_by_fraction(
-                len(samples), [self.test_fraction, self.val_fraction], self.seed)
-            test = Transformed(self.images(samples), test_idx, ev)
-        elif "val" in self.splits and ("test" in self.splits or not self.folds):
-            samples = self.splits["train"] + self.splits["val"]
-            n = len(self.splits["train"])
-            train_idx, val_idx = list(range(n)), list(range(n, len(samples)))
-        else:  # no val folder, or folds with the val folder as the only test set: folds divide the train folder
-            samples = self.splits["train"]
+        if has_val and self.folds and not has_test:  # folds divide the train folder; the val folder is the test set
             val_idx, train_idx = split_by_fraction(len(samples), [self.val_fraction], self.seed)
-            if "val" in self.splits:
-                test = self.images(self.splits["val"], ev)
+            test = self.images(self.splits["val"], ev)
+        else:
+            fractions = [0.0 if has_test else self.test_fraction, 0.0 if has_val else self.val_fraction]
+            test_idx, val_idx, train_idx = split_by_fraction(len(samples), fractions, self.seed)
+            if has_val:
+                val_idx = list(range(len(samples), len(samples) + len(self.splits["val"])))
+                samples += self.splits["val"]
+            if has_test:
+                test = self.images(self.splits["test"], ev)
+            elif test_idx:
+                test = Transformed(self.images(samples), test_idx, ev)
         train_idx, val_idx = self.train_val([label for _, label in samples], train_idx, val_idx)
         base = self.images(samples)
         train_set, val = Transformed(base, train_idx, tr), Transformed(base, val_idx, ev)
-        if test is None:
-            test = self.images(self.splits["test"], ev) if "test" in self.splits else val
+        if test is None:  # no test/ folder and data.test_fraction=0: the user's choice, said with the results
+            test, self.test_is_validation = val, True
         return train_set, val, test

@@ -336,6 +336,7 @@ class SegFolderDataModule(SegmentationDataModule):
             train = [pairs[i] for i in sorted(train_idx)]
             val = [pairs[i] for i in sorted(val_idx)]
             test = [pairs[i] for i in sorted(test_idx)] or val
+        self.test_is_validation = test is val  # no test/ folder, or data.test_fraction=0: said with the results
         return self._dataset(train), self._dataset(val), self._dataset(test)
 
 
@@ -355,6 +356,8 @@ class MembraneDataModule(SegFolderDataModule):
         super().__init__(**kwargs)
         self.val_slices = [int(i) for i in val_slices]
         self.test_slices = [int(i) for i in (test_slices if test_slices is not None else val_slices)]
+        # the challenge's test stack has no public labels: by default the test slices are the validation slices
+        self.test_is_validation = sorted(self.test_slices) == sorted(self.val_slices)
 
     def datasets(self):
         pairs = {int(p[0].stem): p for p in self._pairs(self.root) if p[0].stem.isdigit()}

@@ -122,6 +122,7 @@ class TextClassificationDataModule(BaseDataModule):
         self.folds, self.fold = folds, int(fold)
         self.name, self.root = name, Path(root).expanduser()
         self.files = {"train": train, "val": val, "test": test or val}
+        self.test_is_validation = self.files["test"] == val  # data.test=null: said with the results
         self.text_columns = list(text_columns or ["sentence"])
         if not 1 <= len(self.text_columns) <= 2:
             raise UserError(f"data.text_columns={self.text_columns}: give one column (sentences) or two (pairs).")

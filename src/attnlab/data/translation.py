@@ -75,6 +75,8 @@ class TranslationDataModule(BaseDataModule):
         self.name, self.source, self.src_lang, self.tgt_lang = name, source, src_lang, tgt_lang
         self.data_dir, self.cache_dir = Path(data_dir), Path(cache_dir)
         self.files = {"train": train, "val": val, "test": test}
+        # files without data.test: the test split is the validation files, said with the results
+        self.test_is_validation = source not in ("multi30k", "hub") and not test and bool(val)
         self.hub, self.download = hub, download
         self.joint_vocab, self.vocab_size, self.min_frequency = joint_vocab, int(vocab_size), int(min_frequency)
         if normalize and normalize not in ("NFC", "NFKC", "NFD", "NFKD"):

@@ -11,8 +11,9 @@ Every hook is optional; the accessors below give the answer for a data module wi
 - `use_tokenizer(tokenizer_json: str) -> None` (`TakesTokenizer`): read the text with this tokenizer, the one of the
   weights the run starts from (the task's `init_tokenizer`). Called by `cli/builders.build_datamodule` before
   `prepare_data()`. Without it: the data keeps its own.
-- `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split, so the training entry
-  point runs no second pass over it (`cli/train.py`, preflight's time of the run). Without it: false.
+- `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split (the data has none of its
+  own, or the user asked for that): the training entry point says so with its test results (`cli/train.py`,
+  `metrics.json`'s `test_is_validation`, the summary). Without it: false.
 - `batch_size: int` (`Batched`): samples per training batch; `optimizer.blr` scales the lr by it
   (`tasks/base.py`), preflight searches it. Without it: `optimizer.blr` is refused, preflight reports no size.
 - `train_set` (`HasTrainSet`, a sized dataset): the training split, which no batch may exceed (preflight).

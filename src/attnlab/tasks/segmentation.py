@@ -294,12 +294,14 @@ class Segmenter(BaseTask):
             if not math.isnan(value):
                 self.log(f"test/iou/{name}", value, sync_dist=True)
         if self.trainer.is_global_zero:
-            print(self.iou_table(float(miou), float(acc)), flush=True)
+            on_val = bool(getattr(self.trainer.datamodule, "test_is_validation", False))
+            print(self.iou_table(float(miou), float(acc), on_val), flush=True)
             log_table(self.trainer, "test/iou_table", ["class", "iou"], [[n, v] for n, v in self.test_iou.items()])
 
-    def iou_table(self, miou: float, acc: float) -> str:
+    def iou_table(self, miou: float, acc: float, on_validation_split: bool = False) -> str:
         width = max(12, *(len(n) for n in self.class_names))
-        lines = ["Per-class IoU (test):", f"  {'class':<{width}}  IoU"]
+        split = ", on the validation split" if on_validation_split else ""
+        lines = [f"Per-class IoU (test{split}):", f"  {'class':<{width}}  IoU"]
         lines += [f"  {n:<{width}}  " + ("  -   (absent)" if math.isnan(v) else f"{v:.4f}")
                   for n, v in self.test_iou.items()]
         lines += [f"  {'mean (mIoU)':<{width}}  {miou:.4f}", f"  {'pixel acc':<{width}}  {acc:.4f}"]

@@ -20,6 +20,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     for writers that insist on one (`np.save` adds `.npy`, `np.savez` `.npz`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
+    _in_flight.add(tmp)
     try:
         yield tmp
         _fsync(tmp)
@@ -28,6 +29,25 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         _name_file(e, tmp)
         raise
+    finally:
+        _in_flight.discard(tmp)
+
+
+_in_flight: set[Path] = set()  # the temporary files of this process's writes that have not ended yet
+
+
+def remove_unfinished() -> list[Path]:
+    """Remove the temporary files of the writes still under way: what a process that must end at once (os._exit, no
+    unwinding) calls last, so that it leaves no half-written file behind. -> the files removed."""
+    removed = []
+    for tmp in list(_in_flight):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:
+            pass
+    _in_flight.clear()
+    return removed
 
 
 def _name_file(err: BaseException, file: Path) -> None:
