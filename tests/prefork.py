@@ -12,7 +12,7 @@ A variable that a preloaded module reads when it is imported (OMP_NUM_THREADS, H
 cannot change in a forked child: a command whose environment differs from the server's in one of them, anything
 other than a script or a module, and every command when ATTNLAB_TEST_PREFORK=0 (in the tests' environment or the
 command's), run as a real `python` process. What the server preloads it imports the way the entry points do
-(attnlab.cli.app first, then its import_run_stack), so that a forked run ends with the modules a new process ends
+(attnlab.cli.app.import_run_stack), so that a forked run ends with the modules a new process ends
 with (tests/test_prefork.py compares them).
 """
 
@@ -30,8 +30,8 @@ import threading
 import time
 from pathlib import Path
 
-# what every entry point imports before its work, imported the way it imports them: attnlab.cli.app first (its exit
-# handler comes before those of torch and the rest, as in a new process), then its import_run_stack
+# what every entry point imports before its work, imported the way it imports them (attnlab.cli.app's
+# import_run_stack after these)
 PRELOAD = ["attnlab.cli.app", "hydra", "omegaconf", "attnlab.config"]
 # environment variables that the interpreter or a preloaded module reads at start-up or import (and so the server's
 # values would win); not those the libraries set themselves while a test trains in the worker (Lightning's PL_*,

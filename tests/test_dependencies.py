@@ -54,6 +54,14 @@ def test_the_installed_version_is_within_the_tested_range(package):
         f"{package} {installed} is outside attnlab's tested range {spec.specifier} ({BOUNDED[package]})"
 
 
+def test_the_end_of_a_process_finds_cpythons_exit_handler_runner():
+    """attnlab.cli.app.end_process runs the exit handlers itself to skip the teardown of the modules; without this
+    function it leaves them to the interpreter (slower, nothing lost)."""
+    import atexit
+
+    assert callable(getattr(atexit, "_run_exitfuncs", None)), "atexit._run_exitfuncs"
+
+
 @pytest.fixture(scope="module")
 def trainer():
     return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,

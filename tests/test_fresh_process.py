@@ -72,8 +72,10 @@ def image_of(data: Path, task: str, folder: Path) -> Path:
     import numpy as np
     from PIL import Image
 
-    if task == "segmentation":
-        return next((data / "isbi2012_em_membrane" / "image").glob("*.png"))
+    if task == "segmentation":  # a copy: predict.py writes <name>_mask.png beside it
+        import shutil
+
+        return Path(shutil.copy(next((data / "isbi2012_em_membrane" / "image").glob("*.png")), folder / IMAGE))
     if task == "image classification":
         from sklearn.datasets import load_digits
 

@@ -177,7 +177,9 @@ def _versions() -> dict[str, str]:
 
 
 def _accelerator() -> dict[str, Any]:
-    info: dict[str, Any] = {"cpu": _cpu_model(), "cpu_count": os.cpu_count()}
+    from attnlab.utils.cpus import usable_cpus
+
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "cpus_usable": usable_cpus()}
     if "torch" in sys.modules:
         import torch
 

@@ -30,6 +30,7 @@ handle where it is submitit's signal (it requeues at once: nothing is lost); onc
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,8 +52,11 @@ def in_slurm_job() -> bool:
 
 def slurm_environment():
     """Lightning's SLURM environment (ranks, nodes, rendezvous) without its requeue handler, under SLURM; else None.
-    SignalGuard alone acts on SLURM's warning signal."""
-    if not in_slurm_job():
+    SignalGuard alone acts on SLURM's warning signal. Under torchrun inside a SLURM job (`srun ... torchrun ...` in
+    a batch script) torchrun's environment wins, as Lightning itself decides (TorchElasticEnvironment first)."""
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+    if not in_slurm_job() or TorchElasticEnvironment.detect():
         return None
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
@@ -65,6 +69,20 @@ def slurm_job_id() -> str | None:
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
         return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
     return env.get("SLURM_JOB_ID")
+
+
+def being_preempted() -> bool:
+    """Whether SLURM is preempting this job now: the controller has given it a preemption time (`PreemptTime` of
+    `scontrol show job`), which a cancellation, a time limit or a plain kill does not. False when it cannot say."""
+    job = slurm_job_id()
+    if not job:
+        return False
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(job)], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    found = re.search(r"\bPreemptTime=(\S+)", out.stdout)
+    return bool(found) and found.group(1) not in ("None", "Unknown", "")
 
 
 def submitit_handler():
@@ -145,6 +163,10 @@ class SignalGuard(Callback):
 
     def on_sigterm(self, signum, frame) -> None:
         if self.ending:
+            return
+        if not self.received and self.warned is None and self.listening and being_preempted():
+            # SLURM's preemption (PreemptMode=REQUEUE): its SIGTERM is the warning, the grace time the lead
+            self.on_warning(signum, frame)
             return
         self.received += 1
         running = time.monotonic() - self.step_started if self.step_started is not None else 0.0

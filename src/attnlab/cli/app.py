@@ -102,39 +102,36 @@ DEFAULT_EXIT_GRACE_S = 60.0
 # a file to which the end of a process writes the names of the modules it imported, one a line (how the tests compare
 # a process forked from their server with a new one)
 MODULES_FILE_ENV = "ATTNLAB_RECORD_MODULES"
-_ending: list[int] = []  # the status end_process ends with, once it has begun
 
 
 def end_process(code: int) -> NoReturn:
-    """End the process with status `code` through the interpreter's own exit (`sys.exit`), which stops idle
-    `concurrent.futures` workers (such as torch's compile workers), joins the non-daemon threads, then runs the
-    atexit handlers (log files, W&B, DataLoader workers) newest first. The oldest of them, `_skip_teardown`, then
-    ends the process with `os._exit`, skipping the teardown of the modules. Never without a bound: if a thread or a
-    handler still holds the process after $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the process
-    exits with `code`."""
+    """End the process with status `code` through the interpreter's own exit (`sys.exit`): it stops idle
+    `concurrent.futures` workers (such as torch's compile workers) and joins the non-daemon threads, then calls the
+    exit handlers, newest first. The newest, registered here, runs the others (log files, W&B, DataLoader workers)
+    and ends the process with `os._exit`, skipping the teardown of the modules. Never without a bound: if a thread
+    or a handler still holds the process after $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the
+    process exits with `code`."""
     import threading
 
     grace = _exit_grace()
-    _ending.append(code)
     watchdog = threading.Thread(target=_exit_after, args=(grace, code), name="attnlab-exit-watchdog", daemon=True)
     watchdog.start()
+    atexit.register(_end_without_teardown, code)
     sys.exit(code)
 
 
-def _skip_teardown() -> None:
-    """The last exit handler that matters (registered when this module is imported, before torch and the rest):
-    after the others have run, end a process that `end_process` is ending without the teardown of its modules."""
-    if not _ending:  # an ordinary exit of a process that imported this module (a notebook, pytest)
+def _end_without_teardown(code: int) -> None:
+    """The first exit handler the interpreter calls (the last registered): the other handlers, then `os._exit`."""
+    atexit.unregister(_end_without_teardown)
+    run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; listed in docs/development.md
+    if run_handlers is None:  # another interpreter: it calls the handlers itself, then tears the modules down
         return
-    logging.shutdown()  # logging's own handler was registered before this one
+    run_handlers()
     path = os.environ.get(MODULES_FILE_ENV)
     if path:
         Path(path).write_text("\n".join(sorted(sys.modules)) + "\n")
     _flush_streams()
-    os._exit(_ending[0])
-
-
-atexit.register(_skip_teardown)
+    os._exit(code)
 
 
 def _exit_grace() -> float:

@@ -216,7 +216,9 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
     if trainer_cfg.get("accelerator") == "cpu" and isinstance(trainer_cfg.get("devices"), int):
         # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
         # threads than the process was given, e.g. by OMP_NUM_THREADS)
-        share = max(1, (os.cpu_count() or 1) // max(1, trainer_cfg.devices))
+        from attnlab.utils.cpus import usable_cpus
+
+        share = max(1, usable_cpus() // max(1, trainer_cfg.devices))
         torch.set_num_threads(min(torch.get_num_threads(), share))
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -10,6 +12,8 @@ from attnlab.data.info import DataInfo
 from attnlab.data.samplers import EpochShuffleSampler, ResumableDataLoader
 from attnlab.errors import UserError
 from attnlab.types import NonNegativeInt, PositiveInt
+
+log = logging.getLogger("attnlab")
 
 
 def split_by_fraction(n: int, fractions: list[float], seed: int) -> list[list[int]]:
@@ -66,6 +70,12 @@ class BaseDataModule(L.LightningDataModule):
         super().__init__()
         self.kind = kind
         self.batch_size, self.num_workers, self.seed = int(batch_size), int(num_workers), int(seed)
+        from attnlab.utils.cpus import is_bound, usable_cpus
+
+        if is_bound() and self.num_workers > usable_cpus() - 1:  # a SLURM task bound to its CPUs, taskset
+            log.info("data.num_workers=%d: this process may run on %d CPUs (its affinity), so %d loader workers "
+                     "(the training process takes one)", self.num_workers, usable_cpus(), max(0, usable_cpus() - 1))
+            self.num_workers = max(0, usable_cpus() - 1)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.train_set: Dataset | None = None

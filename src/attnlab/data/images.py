@@ -68,7 +68,6 @@ def _decode(path: str | Path, mode: str) -> Image.Image:
 def unreadable_images(paths: Sequence[str], mode: str) -> list[tuple[str, str]]:
     """(file, why) for each of `paths` that Pillow cannot decode, in order; decoded on a few threads (Pillow
     releases the GIL), a chunk at a time."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
     def why(path: str) -> str | None:
@@ -79,7 +78,9 @@ def unreadable_images(paths: Sequence[str], mode: str) -> list[tuple[str, str]]:
         return None
 
     bad = []
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    from attnlab.utils.cpus import usable_cpus
+
+    with ThreadPoolExecutor(max_workers=min(8, usable_cpus())) as pool:
         for start in range(0, len(paths), 4096):
             chunk = paths[start:start + 4096]
             bad += [(p, w) for p, w in zip(chunk, pool.map(why, chunk)) if w is not None]

@@ -13,6 +13,12 @@ ended once the controller forgot it):
   gathered all the same (their rows of `results.csv`), and a grid's driver exits with status 1 after the last one
   ends, with one paragraph naming the jobs that did not complete (an Optuna sweep records them as failed trials);
 - a job that is gone (not in the queue, no result written) is reported as such after a short grace, never waited for;
+- what the controller cannot say is not taken for an answer: while `squeue` fails (slurmctld restarting, a short
+  outage: the jobs keep running on their nodes) no job is counted missing; a COMPLETED job whose result file is not
+  visible yet (a shared filesystem's cache) is waited for; TIMEOUT, NODE_FAIL and PREEMPTED are looked at again, since
+  SLURM may requeue the job;
+- one `squeue` a poll for every job the driver follows (an Optuna sweep's parallel trials included), polling every
+  2 s at first and backing off to 30 s while nothing changes;
 - Ctrl-C or SIGTERM of the driver cancels the jobs it submitted (each saves its `last.ckpt` first), so that the
   same command run again continues (an Optuna study reruns the stopped trials with their parameters).
 """
@@ -20,6 +26,7 @@ ended once the controller forgot it):
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -33,8 +40,12 @@ from hydra.errors import CompactHydraException
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
 
 log = logging.getLogger("attnlab")
-POLL_S = 2.0
+POLL_S = 2.0  # the first interval between polls; it grows by half while nothing changes, up to POLL_MAX_S
+POLL_MAX_S = 30.0
 GONE_GRACE_S = 30.0  # a job missing from the queue and without a result is reported gone after this long
+RESULT_GRACE_S = 120.0  # a COMPLETED job's result file may show late on a shared filesystem
+REQUEUE_GRACE_S = 180.0  # a job in one of MAYBE_REQUEUED may be requeued by SLURM within this long
+MAYBE_REQUEUED = {"TIMEOUT", "NODE_FAIL", "PREEMPTED"}
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE", "GONE"}
 TAIL_LINES = 5
@@ -53,7 +64,8 @@ class Watched:
         self.label = " ".join(o for o in overrides  # what this job of the sweep sets (not the sweeper's own keys)
                               if o.lower() not in common and not o.lstrip("+").startswith("hydra."))
         self.state, self.nodes, self.started = "SUBMITTED", "", False
-        self.missing_since: float | None = None
+        self.missing_since: float | None = None  # when the queue stopped showing it
+        self.ended_since: float | None = None  # when it was first seen in a state it may yet leave (MAYBE_REQUEUED)
         self.outcome: tuple[str, Any] | None = None  # ("success", JobReturn) or ("error", traceback text)
 
     @property
@@ -148,53 +160,97 @@ class SlurmLauncher(HydraSlurmLauncher):
             fail(err)
 
 
-def watch(watched: list[Watched], poll_s: float = POLL_S) -> None:
+def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = POLL_MAX_S) -> None:
     """Follow the jobs until each has ended (or is gone), one line per change of state."""
-    accounting = _accounting_on()
-    while any(w.state not in FINAL for w in watched):
-        queue = _queue_states([w.id for w in watched if w.state not in FINAL])
-        for w in watched:
-            if w.state in FINAL:
-                continue
-            state, nodes = queue.get(w.id, (None, ""))
-            if state is None or state in FINAL:  # how it ended: its result file first
-                state = _ended(w, accounting, state)
-            if state is None:
-                continue
-            if state == "PENDING" and w.started:
-                state = "REQUEUED"  # back in the queue after running: a time limit or a preemption requeued it
-            if state != w.state:
-                w.state, w.nodes = state, nodes or w.nodes
-                _report(w)
-            if state == "REQUEUED":
-                w.state, w.started = "PENDING", False
-            elif state == "RUNNING":
-                w.started = True
-        if any(w.state not in FINAL for w in watched):
-            time.sleep(poll_s)
+    accounting, interval, unreachable = _accounting_on(), poll_s, False
+    ids = [w.id for w in watched]
+    QUEUE.follow(ids)
+    try:
+        while any(w.state not in FINAL for w in watched):
+            queue = QUEUE.states(interval)
+            changed = False
+            if queue is None:  # the controller did not answer: nothing is known, so nothing is taken as gone
+                if not unreachable:
+                    log.warning("SLURM's controller does not answer (squeue failed); the jobs go on running on "
+                                "their nodes: waiting for it")
+                unreachable = True
+            else:
+                if unreachable:
+                    log.info("SLURM's controller answers again")
+                unreachable = False
+                changed = any([_follow(w, queue, accounting) for w in watched if w.state not in FINAL])
+            if any(w.state not in FINAL for w in watched):
+                interval = poll_s if changed else min(poll_max_s, interval * 1.5)
+                time.sleep(interval)
+    finally:
+        QUEUE.forget(ids)
+
+
+def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> bool:
+    """One poll's news of a job: its state updated and reported when it changed. -> whether it changed."""
+    state, nodes = queue.get(w.id, (None, ""))
+    if state is not None:
+        w.missing_since = None  # seen again (a controller that had lost it for a while)
+    if state is None or state in FINAL:  # how it ended: its result file first
+        state = _ended(w, accounting, state)
+    if state is None:
+        return False
+    if state == "PENDING" and w.started:
+        state = "REQUEUED"  # back in the queue after running: a time limit or a preemption requeued it
+    changed = state != w.state
+    if changed:
+        w.state, w.nodes = state, nodes or w.nodes
+        _report(w)
+    if state == "REQUEUED":
+        w.state, w.started = "PENDING", False
+    elif state == "RUNNING":
+        w.started = True
+    return changed
 
 
 def _ended(w: Watched, accounting: bool, queue_state: str | None) -> str | None:
     """The final state of a job that ended or that the queue no longer shows: from its result file, else from the
-    queue or sacct, else GONE once it has been missing for GONE_GRACE_S."""
-    if w.outcome is None and w.result_file().exists():
+    queue or sacct, else GONE once it has been missing for GONE_GRACE_S. None: not known yet."""
+    result = w.result_file()
+    if w.outcome is None and _visible(result):
         from submitit.core.utils import pickle_load
 
         try:
-            w.outcome = pickle_load(w.result_file())
+            w.outcome = pickle_load(result)
         except (EOFError, OSError, ValueError):  # being written
             return None
     if w.outcome is not None:
         return "COMPLETED" if w.outcome[0] == "success" else "FAILED"
+    now = time.monotonic()
+    if queue_state is None and accounting:
+        queue_state = _sacct_state(w.id)
+        queue_state = queue_state if queue_state in FINAL else None
+    if queue_state == "COMPLETED":  # its result is written before it ends: not visible here yet
+        w.ended_since = w.ended_since or now
+        return None if now - w.ended_since < RESULT_GRACE_S else "GONE"
+    if queue_state in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
+        w.ended_since = w.ended_since or now
+        if now - w.ended_since < REQUEUE_GRACE_S:
+            if w.state != f"{queue_state} (SLURM may requeue it)":
+                w.state = f"{queue_state} (SLURM may requeue it)"
+                _report(w)
+            return None
+        return queue_state
+    w.ended_since = None
     if queue_state is not None:
         return queue_state
-    if accounting:
-        state = _sacct_state(w.id)
-        if state in FINAL:
-            return state
-    now = time.monotonic()
     w.missing_since = w.missing_since or now
     return "GONE" if now - w.missing_since > GONE_GRACE_S else None
+
+
+def _visible(path: Path) -> bool:
+    """Whether the file is there, its folder read first: on NFS a folder's listing refreshes the cached attributes
+    that an exists() alone may answer from (what submitit does for its result files)."""
+    try:
+        os.listdir(path.parent)
+    except OSError:
+        pass
+    return path.exists()
 
 
 def _report(w: Watched) -> None:
@@ -246,20 +302,73 @@ def returned(w: Watched, summary: str) -> JobReturn:
     return ret
 
 
-def _queue_states(ids: list[str]) -> dict[str, tuple[str, str]]:
-    """{job id: (state, nodes)} of the jobs the controller still knows (squeue, any state)."""
+class _Queue:
+    """squeue for every job the driver follows, one query a poll however many threads watch (an Optuna sweep's
+    parallel trials each launch from a thread of their own)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.followed: dict[str, int] = {}
+        self.answer: dict[str, tuple[str, str]] | None = None
+        self.asked_at = float("-inf")
+        self.queries = 0
+
+    def follow(self, ids: list[str]) -> None:
+        with self.lock:
+            for job_id in ids:
+                self.followed[job_id] = self.followed.get(job_id, 0) + 1
+            self.asked_at = float("-inf")  # new jobs: the next poll asks
+
+    def forget(self, ids: list[str]) -> None:
+        with self.lock:
+            for job_id in ids:
+                self.followed[job_id] = self.followed.get(job_id, 1) - 1
+                if self.followed[job_id] <= 0:
+                    del self.followed[job_id]
+
+    def states(self, interval: float) -> dict[str, tuple[str, str]] | None:
+        """{job id: (state, nodes)} of the followed jobs the controller knows; None when it did not answer. An
+        answer younger than most of `interval` is shared."""
+        with self.lock:
+            if time.monotonic() - self.asked_at >= 0.9 * interval:
+                self.answer, self.asked_at = _queue_states(sorted(self.followed)), time.monotonic()
+                self.queries += 1
+            return self.answer
+
+
+QUEUE = _Queue()
+
+
+def _queue_states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
+    """{job id: (state, nodes)} of the jobs the controller still knows (squeue, any state); None when squeue fails
+    (the controller down or restarting: the jobs' states are unknown, not gone)."""
     if not ids:
         return {}
     try:
         out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N", "-j", ",".join(ids)],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return {}
+        return None
+    if out.returncode != 0:
+        # an id the controller forgot makes squeue fail with "Invalid job id" while it answers: ask the rest
+        if "Invalid job id" in out.stderr and len(ids) > 1:
+            return _one_by_one(ids)
+        return {} if "Invalid job id" in out.stderr else None
     states = {}
     for line in out.stdout.splitlines():
         job_id, _, rest = line.strip().partition("|")
         state, _, nodes = rest.partition("|")
         states[job_id] = (state, nodes)
+    return states
+
+
+def _one_by_one(ids: list[str]) -> dict[str, tuple[str, str]] | None:
+    states: dict[str, tuple[str, str]] = {}
+    for job_id in ids:
+        found = _queue_states([job_id])
+        if found is None:
+            return None
+        states |= found
     return states
 
 

@@ -1,0 +1,135 @@
+"""The sweep driver of launcher=slurm follows its jobs through what the controller says, and takes nothing it cannot
+say for an answer: an outage of slurmctld, a result file not visible yet, a state SLURM may requeue from. Scripted
+answers of squeue and sacct, the driver's own code (the cluster tests run the same on the real cluster)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hydra_plugins.attnlab_slurm_launcher import slurm_launcher as sl
+
+
+class FakeJob:
+    def __init__(self, job_id: str, folder: Path):
+        self.job_id, self.num_tasks = job_id, 1
+        self.paths = SimpleNamespace(stdout=folder / f"{job_id}_log.out", result_pickle=folder / f"{job_id}_result.pkl")
+
+
+def script(monkeypatch, answers: list, sacct: dict | None = None, on_poll=None):
+    """squeue answers one poll after another (None: the controller down), the last repeated."""
+    polls = []
+
+    def queue_states(ids):
+        polls.append(list(ids))
+        if on_poll:
+            on_poll(len(polls))
+        answer = answers[min(len(polls), len(answers)) - 1]
+        return None if answer is None else {k: v for k, v in answer.items() if k in ids}
+
+    monkeypatch.setattr(sl, "_queue_states", queue_states)
+    monkeypatch.setattr(sl, "_accounting_on", lambda: sacct is not None)
+    monkeypatch.setattr(sl, "_sacct_state", lambda job_id: (sacct or {}).get(job_id))
+    monkeypatch.setattr(sl, "QUEUE", sl._Queue())
+    monkeypatch.setattr(sl, "time", FakeClock())
+    return polls
+
+
+class FakeClock:
+    """time.monotonic and time.sleep of the driver: a sleep moves the clock, at once."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def finish(job: FakeJob, value="done"):
+    job.paths.result_pickle.write_bytes(pickle.dumps(("success", value)))
+
+
+def watched(tmp_path, *ids):
+    return [sl.Watched(FakeJob(i, tmp_path), n, [f"seed={n}"], set()) for n, i in enumerate(ids)]
+
+
+def test_a_controller_outage_is_waited_out_and_no_job_is_taken_for_gone(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(sl, "GONE_GRACE_S", 0.0)  # a missing job would be gone at once
+    jobs = watched(tmp_path, "11", "12")
+    running = {"11": ("RUNNING", "n1"), "12": ("RUNNING", "n2")}
+    answers = [running, None, None, None, running, {"11": ("COMPLETED", "n1"), "12": ("COMPLETED", "n2")}]
+
+    def on_poll(n):
+        if n == 6:
+            finish(jobs[0].job), finish(jobs[1].job)
+
+    script(monkeypatch, answers, on_poll=on_poll)
+    with caplog.at_level("INFO", logger="attnlab"):
+        sl.watch(jobs, poll_s=0.0)
+    assert [w.state for w in jobs] == ["COMPLETED", "COMPLETED"]
+    assert "gone" not in caplog.text.lower()
+    assert caplog.text.count("controller does not answer") == 1 and "answers again" in caplog.text
+
+
+def test_a_completed_job_whose_result_shows_late_is_not_failed(monkeypatch, tmp_path):
+    jobs = watched(tmp_path, "21")
+    done = {"21": ("COMPLETED", "n1")}
+
+    def on_poll(n):
+        if n == 4:  # the result file shows three polls after the controller said COMPLETED
+            finish(jobs[0].job)
+
+    script(monkeypatch, [{"21": ("RUNNING", "n1")}, done], on_poll=on_poll)
+    sl.watch(jobs, poll_s=0.0)
+    assert jobs[0].state == "COMPLETED" and jobs[0].outcome == ("success", "done")
+
+
+@pytest.mark.parametrize("state", sorted(sl.MAYBE_REQUEUED))
+def test_a_state_slurm_may_requeue_from_is_looked_at_again(state, monkeypatch, tmp_path, caplog):
+    jobs = watched(tmp_path, "31")
+    answers = [{"31": ("RUNNING", "n1")}, {"31": (state, "n1")}, {"31": (state, "n1")}, {"31": ("PENDING", "")},
+               {"31": ("RUNNING", "n2")}, {"31": ("COMPLETED", "n2")}]
+    script(monkeypatch, answers, on_poll=lambda n: n == 6 and finish(jobs[0].job))
+    with caplog.at_level("INFO", logger="attnlab"):
+        sl.watch(jobs, poll_s=0.0)
+    assert jobs[0].state == "COMPLETED"
+    assert f"{state.lower()} (slurm may requeue it)" in caplog.text and "requeued" in caplog.text
+
+
+def test_a_state_that_stays_is_final_after_its_grace(monkeypatch, tmp_path):
+    monkeypatch.setattr(sl, "REQUEUE_GRACE_S", 0.0)
+    jobs = watched(tmp_path, "41")
+    script(monkeypatch, [{"41": ("RUNNING", "n1")}, {"41": ("NODE_FAIL", "n1")}])
+    sl.watch(jobs, poll_s=0.0)
+    assert jobs[0].state == "NODE_FAIL"
+
+
+def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thread(monkeypatch, tmp_path):
+    answers = [{"51": ("RUNNING", "n1"), "52": ("RUNNING", "n2")}] * 12
+    jobs = watched(tmp_path, "51", "52")
+    script(monkeypatch, answers + [{"51": ("COMPLETED", "n1"), "52": ("COMPLETED", "n2")}],
+           on_poll=lambda n: n == 13 and (finish(jobs[0].job), finish(jobs[1].job)))
+    sl.watch(jobs, poll_s=2.0, poll_max_s=30.0)
+    slept = sl.time.slept
+    assert slept[:3] == [2.0, 3.0, 4.5] and slept == sorted(slept) and max(slept) == 30.0, slept
+
+    # two watching threads (an Optuna sweep's parallel trials), one squeue for both jobs a poll
+    queue = sl._Queue()
+    calls = []
+    monkeypatch.setattr(sl, "_queue_states", lambda ids: calls.append(ids) or {i: ("RUNNING", "n1") for i in ids})
+    queue.follow(["61"])
+    queue.follow(["62"])
+    threads = [threading.Thread(target=queue.states, args=(60.0,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [["61", "62"]]
