@@ -31,12 +31,13 @@ def script(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def running_mode() -> bool | None:
-    """Whether the cluster that is up keeps accounting; None when none is up (or its nodes cannot run jobs)."""
+def running_mode() -> tuple[bool, bool] | None:
+    """(whether the cluster that is up keeps accounting, whether a preemption sends USR1 instead of SIGTERM); None
+    when none is up (or its nodes cannot run jobs)."""
     out = script("status", timeout=60)
     if out.returncode != 0:
         return None
-    return "accounting on" in out.stdout
+    return "accounting on" in out.stdout, "preemption signal USR1" in out.stdout
 
 
 def slurm(*argv: str, check: bool = True, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
@@ -95,7 +96,8 @@ class SlurmCluster:
 
 
 class ClusterManager:
-    """`manager(accounting=...)`: the cluster in that mode, started (or restarted in the other mode) when needed.
+    """`manager(accounting=..., user_signal=...)`: the cluster in that mode, started (or restarted in another mode)
+    when needed.
     `close()` stops it at the end of the session when the session started it."""
 
     def __init__(self):
@@ -103,12 +105,13 @@ class ClusterManager:
         self.mode = self.up_before
         self.cannot: str | None = None  # why it cannot start here, once known
 
-    def __call__(self, accounting: bool = True) -> SlurmCluster:
+    def __call__(self, accounting: bool = True, user_signal: bool = False) -> SlurmCluster:
         if self.cannot:
             self._unavailable(self.cannot)
-        if self.mode is not accounting:
-            flag = "--accounting" if accounting else "--no-accounting"
-            out = script("start", flag)
+        if self.mode != (accounting, user_signal):
+            flags = ["--accounting" if accounting else "--no-accounting", *(["--user-signal"] if user_signal else [])]
+            flag = " ".join(flags)
+            out = script("start", *flags)
             if out.returncode == CANNOT_RUN_HERE:
                 lines = [ln for ln in out.stdout.splitlines() if "error:" in ln] or out.stdout.splitlines()[-1:]
                 self.cannot = f"needs the SLURM cluster of {SCRIPT.relative_to(ROOT)}, which cannot start here: " + \
@@ -117,7 +120,7 @@ class ClusterManager:
             if out.returncode != 0:
                 self.mode = None
                 pytest.fail(f"tools/slurm-cluster.sh start {flag} exited with {out.returncode}:\n{out.stdout}")
-            self.mode = accounting
+            self.mode = (accounting, user_signal)
         return SlurmCluster(accounting=accounting)
 
     @staticmethod

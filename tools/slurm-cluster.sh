@@ -2,15 +2,20 @@
 # A real two-node SLURM cluster (Debian's SLURM 22.05) on this one machine, for trying attnlab's SLURM paths
 # (`launcher=slurm`, a user's own sbatch script, requeue after USR1) and for the tests that run them.
 #
-#   tools/slurm-cluster.sh start [--accounting|--no-accounting]   # as root: install what is missing, (re)start
+#   tools/slurm-cluster.sh start [--accounting|--no-accounting] [--user-signal]  # as root: install, (re)start
 #   tools/slurm-cluster.sh status                                 # exit 0 when both nodes can run jobs
 #   tools/slurm-cluster.sh stop                                   # cancel the jobs, stop every daemon
 #   tools/slurm-cluster.sh install [--accounting|--no-accounting] # only the Debian packages (CI)
 #
 # Two nodes, n1 and n2, are two slurmd processes on this host (`slurmd -N n1`, `slurmd -N n2`), reached at
 # 127.0.0.1 on their own ports; their names resolve through a line of /etc/hosts (torch's rendezvous uses the first
-# node's name as MASTER_ADDR). Each node declares at least 4 CPUs whatever the machine has, so that a 2-node job
-# and a few 1-CPU jobs fit side by side. Partitions: `debug` (default, both nodes, 1 day) and `short` (10 minutes).
+# node's name as MASTER_ADDR). As strict as a real site: each node declares the machine's own CPUs, and a task is
+# bound to the CPUs its step was given (TaskPlugin=task/affinity: a process sees only those in
+# os.sched_getaffinity). Partitions: `debug` (default, both nodes, 1 day) and `short` (10 minutes), never preempted;
+# `low` and `high` for preemption by priority (PreemptType=preempt/partition_prio): a job on `low` is requeued
+# (PreemptMode=REQUEUE) when a job on `high` needs its CPUs, after SIGCONT and SIGTERM and a grace time of 30 s
+# (GraceTime) before SIGKILL; with --user-signal (PreemptParameters=send_user_signal) it gets its --signal
+# signal (USR1) instead of SIGTERM.
 # With accounting (the default), slurmdbd keeps the jobs in a MariaDB database, so `sacct` shows them; without,
 # `sacct` has nothing to read, as on a small cluster without slurmdbd. A requeued job may start again after about
 # 10 s (SLURM's default is 2 minutes).
@@ -26,7 +31,6 @@ CTLD_PORT=6817
 DBD_PORT=6819
 HOST=$(hostname -s)
 CPUS=$(nproc)
-CPUS=$((CPUS < 4 ? 4 : CPUS))
 MEM_MB=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
 CONF_DIR=/etc/slurm
 CONF=$CONF_DIR/slurm.conf
@@ -48,7 +52,8 @@ say() { echo "slurm-cluster: $*"; }
 die() { local code=$1; shift; echo "slurm-cluster: error: $*" >&2; exit "$code"; }
 
 usage() {
-  echo "usage: $0 start [--accounting|--no-accounting] | stop | status | install [--accounting|--no-accounting]" >&2
+  echo "usage: $0 start [--accounting|--no-accounting] [--user-signal] | stop | status |" \
+    "install [--accounting|--no-accounting]" >&2
   exit 2
 }
 
@@ -154,10 +159,11 @@ own_file_or_none() {  # a configuration file that is absent or was written by th
     || die 3 "$1 exists and was not written by this script (a real SLURM installation?); move it away to use this one"
 }
 
-write_slurm_conf() {  # accounting: 1|0
+write_slurm_conf() {  # accounting: 1|0, user signal: 1|0
   own_file_or_none "$CONF"
   mkdir -p "$CONF_DIR"
-  local storage gather
+  local storage gather preempt_params=""
+  [ "${2:-0}" = 1 ] && preempt_params="PreemptParameters=send_user_signal"
   if [ "$1" = 1 ]; then
     storage="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$HOST
@@ -180,11 +186,12 @@ CredType=cred/munge
 AuthInfo=cred_expire=10
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-# nodes declare more CPUs than the machine may have (config_overrides: slurmd does not drain them for it)
-SlurmdParameters=config_overrides
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+$preempt_params
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=2
 JobRequeue=1
@@ -208,8 +215,10 @@ $gather
 JobCompType=jobcomp/none
 NodeName=${NODES[0]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$CPUS RealMemory=$MEM_MB
 NodeName=${NODES[1]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$CPUS RealMemory=$MEM_MB
-PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=1-00:00:00 State=UP
-PartitionName=short Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=00:10:00 State=UP
+PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=1-00:00:00 State=UP PreemptMode=OFF
+PartitionName=short Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=00:10:00 State=UP PreemptMode=OFF
+PartitionName=low Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=1-00:00:00 State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=30
+PartitionName=high Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=1-00:00:00 State=UP PriorityTier=2 PreemptMode=OFF
 EOF
   mv "$CONF.new" "$CONF"
   chmod 644 "$CONF"
@@ -404,8 +413,21 @@ cmd_install() {
 
 cmd_start() {
   need_root start
-  local accounting start
-  accounting=$(accounting_of "${1:-}")
+  local accounting=1 user_signal=0 start arg
+  for arg in "$@"; do
+    case "$arg" in
+      --accounting) accounting=1 ;;
+      --no-accounting) accounting=0 ;;
+      --user-signal) user_signal=1 ;;
+      *) usage ;;
+    esac
+  done
+  if [ "$user_signal" = 1 ]; then  # PreemptParameters=send_user_signal came with SLURM 23.02
+    local version
+    version=$(slurmctld -V 2>/dev/null | awk '{print $2}')
+    [ "$(printf '%s\n23.02\n' "$version" | sort -V | head -n 1)" = 23.02 ] \
+      || die 3 "--user-signal needs SLURM 23.02 or later (PreemptParameters=send_user_signal); this is $version"
+  fi
   start=$(date +%s.%N)
   lock
   install_packages "$accounting"
@@ -414,7 +436,7 @@ cmd_start() {
   stop_all
   add_hosts_line
   start_munge
-  write_slurm_conf "$accounting"
+  write_slurm_conf "$accounting" "$user_signal"
   if [ "$accounting" = 1 ]; then
     start_mariadb
     start_slurmdbd
@@ -422,8 +444,9 @@ cmd_start() {
   start_slurm
   local took
   took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-  say "up in $took s: cluster $CLUSTER, nodes ${NODES[*]} idle ($CPUS CPUs each), partitions debug (default), short;" \
-    "accounting $([ "$accounting" = 1 ] && echo on || echo off)"
+  say "up in $took s: cluster $CLUSTER, nodes ${NODES[*]} idle ($CPUS CPUs each, tasks bound to theirs)," \
+    "partitions debug (default), short, low (preempted by high: $([ "$user_signal" = 1 ] && echo USR1 || echo \
+    SIGTERM), 30 s grace);" "accounting $([ "$accounting" = 1 ] && echo on || echo off)"
 }
 
 cmd_stop() {
@@ -443,13 +466,15 @@ cmd_status() {
     say "down: no slurmctld answers"
     exit 1
   fi
-  local storage accounting=off
+  local storage accounting=off user_signal=off
   storage=$(scontrol show config 2>/dev/null | awk -F' = ' '/^AccountingStorageType/ {print $2}')
   [ "$storage" = accounting_storage/slurmdbd ] && accounting=on
+  scontrol show config 2>/dev/null | grep -q '^PreemptParameters *= *send_user_signal' && user_signal=on
   local nodes
   nodes=$(sinfo -h -N -p debug -o "%N %t" 2>/dev/null | sort -u | tr '\n' ',' | sed 's/,$//; s/,/, /g')
   if nodes_ready; then
-    say "up: nodes $nodes; accounting $accounting"
+    say "up: nodes $nodes; accounting $accounting; preemption signal $([ "$user_signal" = on ] && echo USR1 || \
+      echo SIGTERM)"
   else
     say "not ready: nodes ${nodes:-none}; accounting $accounting"
     exit 1
@@ -457,7 +482,7 @@ cmd_status() {
 }
 
 case "${1:-}" in
-  start) shift; [ $# -le 1 ] || usage; cmd_start "$@" ;;
+  start) shift; [ $# -le 2 ] || usage; cmd_start "$@" ;;
   stop) [ $# = 1 ] || usage; cmd_stop ;;
   status) [ $# = 1 ] || usage; cmd_status ;;
   install) shift; [ $# -le 1 ] || usage; cmd_install "$@" ;;

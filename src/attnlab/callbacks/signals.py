@@ -111,6 +111,7 @@ class SignalGuard(Callback):
         self.warned: int | None = None  # SLURM's warning signal, once received
         self.ending = False  # saved after SLURM's warning: a SIGTERM now (the requeue's, the limit's) changes nothing
         self.listening = False  # to SLURM's warning
+        self.preempted = False  # SLURM's SIGTERM of a preemption: SLURM requeues the job itself (PreemptMode=REQUEUE)
         self.step_started: float | None = None
         self._trainer = None
         self._submitit = None
@@ -166,6 +167,7 @@ class SignalGuard(Callback):
             return
         if not self.received and self.warned is None and self.listening and being_preempted():
             # SLURM's preemption (PreemptMode=REQUEUE): its SIGTERM is the warning, the grace time the lead
+            self.preempted = True
             self.on_warning(signum, frame)
             return
         self.received += 1
@@ -223,6 +225,8 @@ class SignalGuard(Callback):
             requeued, cause, why = self._submitit_requeue()
         else:
             (requeued, why), cause = self._scontrol_requeue(), "SLURM's warning"
+        if self.preempted:  # SLURM requeues a preempted job itself, whether or not it was asked to already
+            requeued, cause = True, "preempted"
         last = self.saved(trainer)
         kept = f"step {trainer.global_step} is saved in {last}" if last else "nothing was saved (no checkpoint " \
             "is configured: callbacks.model_checkpoint)"

@@ -40,9 +40,6 @@ from attnlab.utils import atomic
 # (a slow shared filesystem, a busy node)
 RANK_WAIT_ENV = "ATTNLAB_RANK_WAIT_S"
 DEFAULT_RANK_WAIT_S = 300.0
-# the processes of one srun step start together; a file written by a rank 0 started this much earlier or later is
-# another run's (a second train.py in the same step, or a job id the cluster gave out again)
-SAME_START_S = 60.0
 STORE_KEY = "attnlab/run_dir"
 
 
@@ -53,6 +50,7 @@ class Launch:
     attempt: int  # how many times the launch started again (requeued, restarted)
     key: str | None  # the launch's name for its file, None where it has none
     description: str
+    identity: str = ""  # what every rank of this attempt of the launch shares, and no other launch: its own ids
 
     def marker(self, runs: Path) -> Path | None:
         return runs / ".launches" / f"{self.key}.json" if self.key else None
@@ -67,9 +65,10 @@ def current_launch() -> Launch | None:
         if TorchElasticEnvironment.detect():
             run_id = env["TORCHELASTIC_RUN_ID"]
             key = None if run_id in ("", "none") else "torchrun-" + _safe(run_id)
-            return Launch("torchrun", TorchElasticEnvironment().global_rank(),
-                          int(env.get("TORCHELASTIC_RESTART_COUNT") or 0), key,
-                          f"torchrun (run id {run_id}, world size {env.get('WORLD_SIZE')})")
+            restart = int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+            return Launch("torchrun", TorchElasticEnvironment().global_rank(), restart, key,
+                          f"torchrun (run id {run_id}, world size {env.get('WORLD_SIZE')})",
+                          f"torchrun {run_id} restart {restart} world {env.get('WORLD_SIZE')}")
     if "SLURM_STEP_ID" in env and "SLURM_JOB_ID" in env:  # a task of `srun`, not the batch script itself
         from lightning.fabric.plugins.environments import SLURMEnvironment
 
@@ -77,8 +76,11 @@ def current_launch() -> Launch | None:
             job, step = env["SLURM_JOB_ID"], env["SLURM_STEP_ID"]
             key = _safe(f"slurm-{env.get('SLURM_CLUSTER_NAME', 'cluster')}-{job}.{step}")
             # SLURMEnvironment.global_rank() (its constructor would refuse what the Trainer refuses, later, itself)
-            return Launch("srun", int(env["SLURM_PROCID"]), int(env.get("SLURM_RESTART_COUNT") or 0), key,
-                          f"SLURM job {job}, step {step} ({env.get('SLURM_STEP_NUM_TASKS', '?')} tasks)")
+            restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+            return Launch("srun", int(env["SLURM_PROCID"]), restart, key,
+                          f"SLURM job {job}, step {step} ({env.get('SLURM_STEP_NUM_TASKS', '?')} tasks)",
+                          f"slurm {key} restart {restart} nodes {env.get('SLURM_STEP_NODELIST', '')} "
+                          f"tasks {env.get('SLURM_STEP_NUM_TASKS', '')}")
     return None
 
 
@@ -173,12 +175,12 @@ def _through_file(launch: Launch, path: Path) -> tuple[str, str]:
             folder, how = _previous_folder(marker), f"attempt {launch.attempt + 1}: the folder of the first attempt"
         if folder is None:
             folder, how = atomic.claim_folder(str(path)), f"claimed, named to the other ranks in {marker}"
-        _write_marker(marker, folder, launch.attempt)
+        _write_marker(marker, folder, launch)
         return folder, how
-    started, deadline = _process_start(), time.monotonic() + _wait_s()
+    deadline = time.monotonic() + _wait_s()  # rank 0's file of this attempt of this launch: no clock compared
     while time.monotonic() < deadline:
         found = _read_marker(marker)
-        if found and found.get("attempt") == launch.attempt and abs(found.get("started", 0) - started) < SAME_START_S:
+        if found and found.get("identity") == launch.identity:
             return str(found["run_dir"]), f"rank 0's, named in {marker}"
         time.sleep(0.2)
     raise UserError(
@@ -202,23 +204,13 @@ def _read_marker(marker: Path) -> dict | None:
         return None
 
 
-def _write_marker(marker: Path, folder: str, attempt: int) -> None:
+_written: list[Path] = []  # the launch file this process (rank 0) wrote, removed when its run has finished
+
+
+def _write_marker(marker: Path, folder: str, launch: Launch) -> None:
     marker.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(marker, json.dumps({"run_dir": folder, "attempt": attempt, "started": _process_start()}))
-
-
-_IMPORTED_AT = time.time()
-
-
-def _process_start() -> float:
-    """When this process started (seconds since the epoch), from Linux's /proc; else when this module was imported."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return _IMPORTED_AT
+    atomic.write_text(marker, json.dumps({"run_dir": folder, "attempt": launch.attempt, "identity": launch.identity}))
+    _written.append(marker)
 
 
 def _safe(name: str) -> str:
@@ -233,3 +225,13 @@ class LogLaunch(Callback):
         for line in _told:
             logging.getLogger("attnlab").info("launch: %s", line)
         _told.clear()
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        """A launch whose run has finished needs its file no more (a requeue continues only an unfinished run): it
+        is removed, so that a job id the cluster gives out again never finds it."""
+        from hydra.core.utils import JobStatus
+
+        if getattr(job_return, "status", None) == JobStatus.COMPLETED:
+            for marker in _written:
+                marker.unlink(missing_ok=True)
+            _written.clear()

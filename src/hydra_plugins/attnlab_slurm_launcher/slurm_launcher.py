@@ -134,6 +134,11 @@ class SlurmLauncher(HydraSlurmLauncher):
 
         assert self.config is not None
         params = dict(self.params)
+        # the job's tasks get the batch script's environment, where submitit names itself: a site whose sbatch
+        # exports nothing (--export=NONE, SBATCH_EXPORT=NONE) has srun export nothing too
+        srun_args = list(params.get("srun_args") or [])
+        if not any(str(a).startswith("--export") for a in srun_args):
+            params["srun_args"] = [*srun_args, "--export=ALL"]
         init_keys = {"max_num_timeout", "submitit_folder"}
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=params["submitit_folder"],
                                          slurm_max_num_timeout=params.get("max_num_timeout", 0))
@@ -144,10 +149,13 @@ class SlurmLauncher(HydraSlurmLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info(f"SLURM sweep of {len(job_overrides)} job(s), output in {sweep_dir}")
         args = []
+        # each job is told its sweep folder, resolved here: a site whose sbatch exports no environment
+        # (--export=NONE, SBATCH_EXPORT=NONE) would otherwise leave the jobs to claim folders of their own
+        folder = f"hydra.sweep.dir='{sweep_dir}'"
         for i, overrides in enumerate(job_overrides):
             log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
-            args.append((list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
-                         Singleton.get_state()))
+            args.append(([*overrides, folder], "hydra.sweep.dir", initial_job_idx + i,
+                         f"job_id_for_{initial_job_idx + i}", Singleton.get_state()))
         try:
             return executor.map_array(self, *zip(*args))
         except Exception as e:  # sbatch's refusal (or no sbatch) as one paragraph, exit status 2 (cli/slurm/sbatch.py)

@@ -1,0 +1,129 @@
+"""The cluster as real sites run it (tools/slurm-cluster.sh: tasks bound to their CPUs under task/affinity,
+preemption by partition priority with a grace time, a controller that goes away): a job uses the CPUs it was given;
+a job preempted by a higher-priority one is requeued and ends as the run left alone, whether SLURM sends SIGTERM or
+the job's --signal; a sweep rides out a controller outage with every row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from slurm_cluster import slurm
+from test_slurm_preemption import PACE, STEPS, Batch, Sweep, assert_same_metrics, paced, reference_run
+
+
+def _wait_training(job, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not job.training():
+        assert time.monotonic() < deadline, f"the job never started training:\n{job.log()[-3000:]}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("strict")
+    (folder / "pace.py").write_text(PACE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def alone(tmp) -> dict:
+    proc = reference_run(tmp)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    return json.loads((tmp / "alone" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_job_runs_on_the_cpus_it_was_given_and_its_workers_and_threads_follow(slurm_cluster, tmp):
+    """launcher=slurm fits 2 CPUs per task for one loader worker; under task/affinity the job's process sees those
+    2 (os.sched_getaffinity), and so does `srun` in a batch script: torch's threads follow that number."""
+    slurm_cluster(accounting=True)
+    sweep = Sweep(tmp, "cpus", "data.num_workers=1", "trainer.max_epochs=1", "trainer.limit_train_batches=4")
+    batch = Batch(tmp, "cpus_batch", "trainer.max_epochs=1", "trainer.limit_train_batches=4", "data.num_workers=1")
+    out = sweep.wait(timeout=300)
+    assert sweep.proc.returncode == 0 and "2 CPUs per task" in out, out[-3000:]
+    assert slurm_cluster(accounting=True).wait(int(batch.id), timeout=300) == "COMPLETED", batch.log()[-3000:]
+    # the run folder records what the job was fitted to (launcher=slurm's values) and how the trainer ran
+    lineage = json.loads((sweep.run_dir / "lineage.json").read_text())
+    assert lineage["launcher"]["cpus_per_task"] == 2 and lineage["launcher"]["partition"] == "debug", lineage
+    assert lineage["trainer"]["devices"] == 1 and lineage["trainer"]["num_nodes"] == 1, lineage["trainer"]
+    for job, cpus in ((sweep, 2), (batch, 1)):  # the batch script asks for one CPU (sbatch -c 1)
+        record = json.loads((job.run_dir / "lineage.json").read_text())["accelerator"]
+        assert record["cpus_usable"] == cpus and record["torch_threads"] <= cpus, (job.name, record)
+        assert record["cpu_count"] >= cpus
+
+
+def _preempt_when_training(job) -> str:
+    """A job on the high partition that needs every CPU of both nodes, once `job` trains: the job id."""
+    _wait_training(job)
+    time.sleep(2)
+    return slurm("sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive", "-J", "attnlab-high",
+                 "-o", "/dev/null", "--wrap", "sleep 20").stdout.strip()
+
+
+@pytest.mark.slow
+def test_a_job_preempted_by_priority_is_requeued_and_ends_as_the_run_left_alone(slurm_cluster, tmp, alone):
+    """A job on the preemptible partition, preempted by a job of a higher tier: SLURM's SIGTERM (the job being
+    preempted, as `scontrol show job` tells) saves the current step, the job is requeued, and it ends with the
+    metrics of the run left alone. (With PreemptParameters=send_user_signal, SLURM 23.02 and later send the job's
+    USR1 instead: the warning that test_slurm_preemption.py sends with scancel --signal=USR1.)"""
+    slurm_cluster(accounting=True)
+    name = "preempted"
+    sweep = Sweep(tmp, name, *paced(0.3), partition="low")
+    high = _preempt_when_training(sweep)
+    out = sweep.wait(timeout=600)
+    log = sweep.log()
+    assert sweep.proc.returncode == 0, out[-3000:] + log[-3000:]
+    first, *_, last = sweep.attempts()
+    assert first["status"] == "requeued: preempted" and 0 < first["global_step"] < STEPS, first
+    assert first["signal"] == "SIGTERM", first
+    assert last["status"] == "finished" and last["global_step"] == STEPS, last
+    assert "stopped on SIGTERM" not in log, log[-3000:]
+    assert_same_metrics(sweep.metrics(), alone)
+    assert slurm_cluster(accounting=True).sacct_state(int(high)) == "COMPLETED"
+
+
+@pytest.mark.slow
+def test_a_sweep_rides_out_a_controller_outage_with_every_row(slurm_cluster, tmp):
+    """slurmctld stopped for 90 s while both jobs of a sweep train, then started again: the jobs go on on their
+    nodes, no job is reported gone, and the sweep ends with both rows."""
+    slurm_cluster(accounting=True)
+    sweep = Sweep(tmp, "outage", *paced(0.5), "seed=1,2")
+    sweep.run_dir = sweep.folder / "1"
+    _wait_training(sweep)
+    subprocess.run(["pkill", "-x", "slurmctld"], check=True)
+    try:
+        time.sleep(90)
+    finally:
+        subprocess.run(["slurmctld"], check=True)
+    out = sweep.wait(timeout=600)
+    assert sweep.proc.returncode == 0, out[-3000:]
+    assert "gone" not in out.lower() and "controller does not answer" in out and "answers again" in out, out[-3000:]
+    rows = (sweep.folder / "results.csv").read_text().splitlines()
+    assert len(rows) == 3, rows
+    for job in ("0", "1"):
+        assert (sweep.folder / job / "metrics.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_sweeps_jobs_find_their_folder_where_sbatch_exports_no_environment(slurm_cluster, tmp):
+    """SBATCH_EXPORT=NONE (a site's --export=NONE): the jobs inherit nothing from the driver's environment, and
+    still write into the one sweep folder the driver claimed, each its own job folder."""
+    slurm_cluster(accounting=True)
+    logs = tmp / "noexport-logs"
+    env = os.environ | {"SBATCH_EXPORT": "NONE", "ATTNLAB_LOG_DIR": str(logs), "PYTHONUNBUFFERED": "1"}
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "launcher=slurm", "seed=1,2",
+                          "trainer.max_epochs=1", "trainer.limit_train_batches=2", "data.num_workers=0",
+                          "callbacks.progress_bar=null", "extras.print_config=false"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    (sweep,) = (logs / "train" / "multiruns").iterdir()
+    assert sorted(p.parent.name for p in sweep.glob("*/metrics.json")) == ["0", "1"], sorted(sweep.rglob("*"))
+    assert len((sweep / "results.csv").read_text().splitlines()) == 3
