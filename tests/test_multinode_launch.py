@@ -101,6 +101,40 @@ def test_two_torchrun_agents_on_one_host_write_one_run_folder(tmp_path, one_proc
     assert_same_metrics(json.loads((folder / "metrics.json").read_text()), one_process)
 
 
+SRUN_TORCHRUN = """#!/bin/bash
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun bash -c "{python} -m torch.distributed.run --nnodes 2 --node-rank \\$SLURM_NODEID --nproc-per-node 1 \\
+  --master-addr $head --master-port {port} train.py trainer=multinode trainer.num_nodes=2 trainer.accelerator=cpu \\
+  trainer.devices=1 trainer.precision=32-true data.batch_size=16 {budget}"
+"""
+
+
+@pytest.mark.slow
+def test_srun_torchrun_in_a_users_batch_script_trains_under_torchruns_environment(slurm_cluster, tmp_path,
+                                                                                  one_process):
+    """`srun ... torchrun ...`: both environments are there; torchrun's wins, as Lightning decides, and the
+    two nodes train in one run folder to the numbers of one process."""
+    cluster = slurm_cluster(accounting=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_dir = tmp_path / "logs"
+    script = tmp_path / "srun_torchrun.sbatch"
+    script.write_text(SRUN_TORCHRUN.format(python=sys.executable, port=port, budget=shlex.join(BUDGET)))
+    job = int(slurm("sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "-c", "1", "-J",
+                    "attnlab-test-multinode", "-o", str(tmp_path / "slurm-%j.out"), str(script), cwd=ROOT,
+                    env=env_for(log_dir)).stdout.strip().split(";")[0])
+    try:
+        assert cluster.wait(job, timeout=300) == "COMPLETED", (tmp_path / f"slurm-{job}.out").read_text()[-3000:]
+    finally:
+        slurm("scancel", str(job), check=False)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    folder = the_run_folder(log_dir)
+    assert "Traceback" not in out and "as Lightning's TorchElasticEnvironment numbers it" in out, out[-3000:]
+    assert "SLURMEnvironment" not in out, out[-3000:]
+    assert_same_metrics(json.loads((folder / "metrics.json").read_text()), one_process)
+
+
 @pytest.mark.slow
 def test_a_users_sbatch_script_trains_on_two_nodes_in_one_folder_and_a_requeue_continues_there(
         slurm_cluster, tmp_path, one_process):

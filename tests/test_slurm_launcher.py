@@ -149,10 +149,10 @@ def test_signal_lead_and_time_limit_follow_the_partition(slurm_cluster):
     assert (short["launcher.timeout_min"], short["launcher.signal_delay_s"]) == ("10", "120")
     one_minute = fitted("launcher.timeout_min=1")
     assert (one_minute["launcher.timeout_min"], one_minute["launcher.signal_delay_s"]) == ("1", "12")
-    own = fitted("launcher.timeout_min=30", "launcher.signal_delay_s=60", "launcher.cpus_per_task=2",
-                 "trainer.devices=2")
+    own = fitted("launcher.timeout_min=30", "launcher.signal_delay_s=60", "launcher.cpus_per_task=1",
+                 "trainer.devices=2")  # the nodes' 2 CPUs, one for each task
     assert (own["launcher.signal_delay_s"], own["launcher.cpus_per_task"], own["launcher.tasks_per_node"]) == \
-        ("60", "2", "2")
+        ("60", "1", "2")
     with pytest.raises(UserError, match=r"launcher\.signal_delay_s=120 with launcher\.timeout_min=1: .* Set "
                                         r"launcher\.signal_delay_s=12 \(or auto\)"):
         fitted("launcher.timeout_min=1", "launcher.signal_delay_s=120")

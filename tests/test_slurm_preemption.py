@@ -336,7 +336,9 @@ def test_a_job_longer_than_its_time_limit_is_requeued_until_done_at_most_max_num
     assert counts == sorted(set(counts))
     assert [a["attempt"] for a in [*requeued, done]] == list(range(1, len(counts) + 1))
     steps = [a["global_step"] for a in requeued]
-    assert steps == sorted(steps) and steps[-1:] < [STEPS], steps  # each attempt went on from the one before
+    # each attempt went on from the one before; a warning during the last validation saves the last step (fit has
+    # not ended: the next attempt validates and finishes)
+    assert steps == sorted(steps) and steps[-1:] <= [STEPS], steps
     assert not [name for name in sweep.checkpoints() if name.startswith("hpc_ckpt")], sweep.checkpoints()
     assert_same_metrics(sweep.metrics(), alone)
     assert slurm_cluster(accounting=True).sacct_state(int(job)) == "COMPLETED"
