@@ -127,3 +127,13 @@ def test_a_sweeps_jobs_find_their_folder_where_sbatch_exports_no_environment(slu
     (sweep,) = (logs / "train" / "multiruns").iterdir()
     assert sorted(p.parent.name for p in sweep.glob("*/metrics.json")) == ["0", "1"], sorted(sweep.rglob("*"))
     assert len((sweep / "results.csv").read_text().splitlines()) == 3
+
+
+@pytest.mark.slow
+def test_the_overhead_benchmark_of_launcher_slurm_runs(slurm_cluster):
+    """benchmarks/slurm_overhead.py (docs/benchmarks.md), one pair: both paths reach their first training step."""
+    slurm_cluster(accounting=True)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "slurm_overhead.py"), "--pairs", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "median to the first training step: sbatch + srun" in out.stdout, out.stdout
