@@ -76,7 +76,7 @@ def test_plateau_warmup_leaves_plateau_in_charge():
 
 
 def test_global_batch_size_sets_gradient_accumulation():
-    from attnlab.cli.builders import accumulation_for
+    from attnlab.cli.plan import accumulation_for
     from attnlab.errors import UserError
 
     assert accumulation_for(512, 64, 4, 1) == 2

@@ -127,14 +127,15 @@ class Job:
 class Sweep(Job):
     """`python train.py -m launcher=slurm ...` of a single job; the driver's output in <name>.out beside it."""
 
-    def __init__(self, tmp: Path, name: str, *overrides: str, partition: str = "debug"):
+    def __init__(self, tmp: Path, name: str, *overrides: str, partition: str = "debug", run: tuple = ()):
         super().__init__(tmp, name)
         self.folder = tmp / name
         self.run_dir = self.folder / "0"
         self.output = tmp / f"{name}.out"
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "train.py"), "-m", "launcher=slurm", f"launcher.partition={partition}", *RUN,
+                [sys.executable, str(ROOT / "train.py"), "-m", "launcher=slurm", f"launcher.partition={partition}",
+                 *(run or RUN),
                  *overrides, f"hydra.sweep.dir={self.folder}", f"hydra.job.name={self.name}"],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
 

@@ -90,6 +90,36 @@ def test_a_job_preempted_by_priority_is_requeued_and_ends_as_the_run_left_alone(
     assert slurm_cluster(accounting=True).sacct_state(int(high)) == "COMPLETED"
 
 
+# two nodes, one task each (gloo), 16 samples a node: the same 32 samples a step as one process with batch 32
+TWO_NODES = ("trainer=multinode", "trainer.num_nodes=2", "trainer.accelerator=cpu", "trainer.precision=32-true",
+             "trainer.max_epochs=2", "trainer.limit_train_batches=12", "data.augment=null", "test=false",
+             "data.num_workers=0", "data.batch_size=16", "global_batch_size=32", "callbacks.progress_bar=null",
+             "extras.print_config=false")
+
+
+@pytest.mark.slow
+def test_a_two_node_job_preempted_by_priority_is_requeued_and_ends_as_one_process(slurm_cluster, tmp):
+    """Both ranks of a two-node job get SLURM's SIGTERM: they stop after the same step, rank 0 saves it and the
+    job is requeued, and the job ends with the numbers of one process with the same global batch left alone."""
+    slurm_cluster(accounting=True)
+    single = subprocess.run([sys.executable, str(ROOT / "train.py"), *TWO_NODES[4:8], "trainer=cpu",
+                             "data.batch_size=32", "global_batch_size=32", "data.num_workers=0",
+                             "callbacks.progress_bar=null", f"hydra.run.dir={tmp / 'single'}"], cwd=ROOT,
+                            env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stdout[-3000:]
+    sweep = Sweep(tmp, "preempted_2n", *paced(0.5), partition="low", run=TWO_NODES)
+    high = _preempt_when_training(sweep)
+    out = sweep.wait(timeout=600)
+    log = sweep.log()
+    assert sweep.proc.returncode == 0, out[-3000:] + log[-3000:]
+    first, *_, last = sweep.attempts()
+    assert first["status"] == "requeued: preempted" and first["signal"] == "SIGTERM", first
+    assert 0 < first["global_step"] < 24 and last["status"] == "finished" and last["global_step"] == 24, last
+    one, both = (json.loads(p.read_text()) for p in (tmp / "single" / "metrics.json", sweep.run_dir / "metrics.json"))
+    assert both["val/loss"] == pytest.approx(one["val/loss"], abs=2e-3), (both, one)
+    assert slurm_cluster(accounting=True).sacct_state(int(high)) == "COMPLETED"
+
+
 @pytest.mark.slow
 def test_a_sweep_rides_out_a_controller_outage_with_every_row(slurm_cluster, tmp):
     """slurmctld stopped for 90 s while both jobs of a sweep train, then started again: the jobs go on on their

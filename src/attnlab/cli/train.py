@@ -98,7 +98,7 @@ def train(cfg: DictConfig) -> float | None:
     check_schedule_keys(cfg)
     check_config(cfg)  # every constructor's keys, types and ranges
     run = RunSettings.of(cfg)
-    from attnlab.cli.builders import decide_accumulation
+    from attnlab.cli.plan import decide_accumulation
 
     decide_accumulation(cfg)  # before anything reads or saves it
 
