@@ -257,7 +257,9 @@ class OptunaSweeperImpl(Sweeper):
         gpus = visible or [str(i) for i in range(_gpu_count())]
         if len(gpus) > 1:
             return (f"++hydra.job.env_set.CUDA_VISIBLE_DEVICES={gpus[slot % len(gpus)]}",)
-        threads = max(1, (os.cpu_count() or 1) // self.n_jobs)
+        from attnlab.utils.cpus import usable_cpus
+
+        threads = max(1, usable_cpus() // self.n_jobs)  # the CPUs this process was given, not the host's
         return tuple(f"++hydra.job.env_set.{v}={threads}" for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
 
     def _record(self, study: optuna.Study, trial: Any, values: Any = None, state: Any = None) -> None:
