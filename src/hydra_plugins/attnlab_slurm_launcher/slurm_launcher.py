@@ -172,6 +172,10 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
     """Follow the jobs until each has ended (or is gone), one line per change of state."""
     accounting, interval, unreachable = _accounting_on(), poll_s, False
     ids = [w.id for w in watched]
+    for w in watched:  # as sbatch leaves it: in the queue, whether or not it starts before the first poll
+        if w.state == "SUBMITTED":
+            w.state = "PENDING"
+            _report(w)
     QUEUE.follow(ids)
     try:
         while any(w.state not in FINAL for w in watched):
