@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
+from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states, _sacct_state
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
 
 log = logging.getLogger("attnlab")
@@ -349,54 +350,3 @@ class _Queue:
 
 
 QUEUE = _Queue()
-
-
-def _queue_states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
-    """{job id: (state, nodes)} of the jobs the controller still knows (squeue, any state); None when squeue fails
-    (the controller down or restarting: the jobs' states are unknown, not gone)."""
-    if not ids:
-        return {}
-    try:
-        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N", "-j", ",".join(ids)],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        # an id the controller forgot makes squeue fail with "Invalid job id" while it answers: ask the rest
-        if "Invalid job id" in out.stderr and len(ids) > 1:
-            return _one_by_one(ids)
-        return {} if "Invalid job id" in out.stderr else None
-    states = {}
-    for line in out.stdout.splitlines():
-        job_id, _, rest = line.strip().partition("|")
-        state, _, nodes = rest.partition("|")
-        states[job_id] = (state, nodes)
-    return states
-
-
-def _one_by_one(ids: list[str]) -> dict[str, tuple[str, str]] | None:
-    states: dict[str, tuple[str, str]] = {}
-    for job_id in ids:
-        found = _queue_states([job_id])
-        if found is None:
-            return None
-        states |= found
-    return states
-
-
-def _accounting_on() -> bool:
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0
-
-
-def _sacct_state(job_id: str) -> str | None:
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    states = out.stdout.split()
-    return states[0] if states else None
