@@ -97,16 +97,22 @@ TWO_NODES = ("trainer=multinode", "trainer.num_nodes=2", "trainer.accelerator=cp
              "extras.print_config=false")
 
 
-@pytest.mark.slow
-def test_a_two_node_job_preempted_by_priority_is_requeued_and_ends_as_one_process(slurm_cluster, tmp):
-    """Both ranks of a two-node job get SLURM's SIGTERM: they stop after the same step, rank 0 saves it and the
-    job is requeued, and the job ends with the numbers of one process with the same global batch left alone."""
-    slurm_cluster(accounting=True)
+@pytest.fixture(scope="module")
+def one_process(tmp) -> dict:
+    """The two-node run's numbers from one process with the same global batch, left alone."""
     single = subprocess.run([sys.executable, str(ROOT / "train.py"), *TWO_NODES[4:8], "trainer=cpu",
                              "data.batch_size=32", "global_batch_size=32", "data.num_workers=0",
                              "callbacks.progress_bar=null", f"hydra.run.dir={tmp / 'single'}"], cwd=ROOT,
                             env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert single.returncode == 0, single.stdout[-3000:]
+    return json.loads((tmp / "single" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_two_node_job_preempted_by_priority_is_requeued_and_ends_as_one_process(slurm_cluster, tmp, one_process):
+    """Both ranks of a two-node job get SLURM's SIGTERM: they stop after the same step, rank 0 saves it and the
+    job is requeued, and the job ends with the numbers of one process with the same global batch left alone."""
+    slurm_cluster(accounting=True)
     sweep = Sweep(tmp, "preempted_2n", *paced(0.5), partition="low", run=TWO_NODES)
     high = _preempt_when_training(sweep)
     out = sweep.wait(timeout=600)
@@ -115,9 +121,60 @@ def test_a_two_node_job_preempted_by_priority_is_requeued_and_ends_as_one_proces
     first, *_, last = sweep.attempts()
     assert first["status"] == "requeued: preempted" and first["signal"] == "SIGTERM", first
     assert 0 < first["global_step"] < 24 and last["status"] == "finished" and last["global_step"] == 24, last
-    one, both = (json.loads(p.read_text()) for p in (tmp / "single" / "metrics.json", sweep.run_dir / "metrics.json"))
-    assert both["val/loss"] == pytest.approx(one["val/loss"], abs=2e-3), (both, one)
+    both = json.loads((sweep.run_dir / "metrics.json").read_text())
+    assert both["val/loss"] == pytest.approx(one_process["val/loss"], abs=2e-3), (both, one_process)
     assert slurm_cluster(accounting=True).sacct_state(int(high)) == "COMPLETED"
+
+
+# a user's callback that makes each validation batch last a second and notes it: (process, rank, batch) per line
+SLOW_VALIDATION = '''
+import os
+import time
+
+from lightning.pytorch.callbacks import Callback
+
+
+class SlowValidation(Callback):
+    def __init__(self, note: str):
+        self.note = note
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            time.sleep(1.0)
+            with open(self.note, "a") as f:
+                f.write(f"{os.getpid()} {trainer.global_rank} {batch_idx}\\n")
+'''
+
+
+@pytest.mark.slow
+def test_a_warning_during_validation_of_a_two_node_job_is_acted_on_before_validation_ends(slurm_cluster, tmp,
+                                                                                          one_process):
+    """SLURM's warning (USR1) reaches a two-node job while it validates, each validation batch lasting a second:
+    both ranks stop after the same validation batch, not after the next training step (which would come after the
+    whole validation, past the warning's lead), rank 0 saves last.ckpt and the job is requeued; the requeued run
+    goes on from that step and ends with the numbers of one process left alone."""
+    slurm_cluster(accounting=True)
+    (tmp / "slow_validation.py").write_text(SLOW_VALIDATION)
+    note = tmp / "validation.txt"
+    sweep = Sweep(tmp, "warned_in_validation", "+callbacks.slow._target_=slow_validation.SlowValidation",
+                  f"+callbacks.slow.note={note}", "trainer.limit_val_batches=10", run=TWO_NODES)
+    job, deadline = sweep.job_id(), time.monotonic() + 300
+    while not (note.is_file() and note.read_text().strip()):
+        assert time.monotonic() < deadline and sweep.proc.poll() is None, f"no validation:\n{sweep.log()[-3000:]}"
+        time.sleep(0.2)
+    slurm("scancel", "--signal=USR1", job)
+    out = sweep.wait(timeout=600)
+    log = sweep.log()
+    assert sweep.proc.returncode == 0, out[-3000:] + log[-3000:]
+    first, *_, last = sweep.attempts()
+    assert first["status"].startswith("requeued") and first["signal"] == "SIGUSR1", first
+    assert first["global_step"] == 12 and last["status"] == "finished" and last["global_step"] == 24, (first, last)
+    seen = [line.split() for line in note.read_text().splitlines()]
+    first_pid = {pid for pid, rank, _ in seen[:1]}
+    cut = [int(batch) for pid, rank, batch in seen if pid in first_pid]
+    assert max(cut) < 4, f"the first attempt validated on to batch {max(cut)} of 10 after the warning"
+    both = json.loads((sweep.run_dir / "metrics.json").read_text())
+    assert both["val/loss"] == pytest.approx(one_process["val/loss"], abs=2e-3), (both, one_process)
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ finished; its lineage says `stopped`.
 
 SLURM's warning before a time limit or a preemption (`--signal=USR1@<seconds>`, which `launcher=slurm` asks for):
 SIGUSR1, and in a submitit job submitit's own signal too ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default). The current
-step ends (on every rank of a multi-node job: they decide together, after the same step), `last.ckpt` is saved at
-it, then the job is requeued and continues from that file in its own folder:
+step ends (on every rank of a multi-node job: they decide together, after the same step, or after the same
+validation batch when the warning comes during validation), `last.ckpt` is saved at it, then the job is requeued and
+continues from that file in its own folder:
 - in a job of `launcher=slurm` (submitit), by submitit's requeue (its handler's `checkpoint_and_try_requeue`, called
   once last.ckpt is written): it tells a time limit from a preemption by how long the job has run, counts time limits
   against `launcher.max_num_timeout` and, past it, does not requeue: the run then ends with status 143, its lineage
@@ -141,7 +142,22 @@ class SignalGuard(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.step_started = None
-        if self.listening and trainer.world_size > 1:  # the ranks stop together, after the same step
+        self.decide_together(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """A warning that comes during validation is acted on after the current validation batch, not after the
+        next training step (a long validation would outlast the warning's lead). Every rank runs the same number of
+        validation batches (the distributed sampler pads), so they decide together here too; the loop then stops
+        (Lightning's SIGTERMException mid-evaluation). last.ckpt holds the last training step, from which the
+        requeued run goes on as Lightning resumes any checkpoint of that step: training first, the interrupted
+        validation's numbers coming with the next one."""
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.decide_together(trainer)
+
+    def decide_together(self, trainer) -> None:
+        """In a run of several ranks, stop on SLURM's warning when any rank has it: all of them, after the same
+        batch (a collective, so each rank reaches it at the same point)."""
+        if self.listening and trainer.world_size > 1 and not self.ending:
             if trainer.strategy.reduce_boolean_decision(self.warned is not None, all=False):
                 from attnlab.compat import stop_after_this_step
 
