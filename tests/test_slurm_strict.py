@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -224,3 +225,83 @@ def test_the_overhead_benchmark_of_launcher_slurm_runs(slurm_cluster):
                          capture_output=True, text=True, timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "median to the first training step: sbatch + srun" in out.stdout, out.stdout
+
+
+def _lose_node(job_id: str, node: str = "n2") -> None:
+    """As when a machine dies: the node's slurmd, the job's processes on it and their slurmstepd killed at once."""
+    victims = {int(Path(f"/run/slurm/slurmd-{node}.pid").read_text())}
+    mine = (f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode())
+    for proc in Path("/proc").iterdir():
+        try:
+            env = set((proc / "environ").read_bytes().split(b"\0"))
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if all(m in env for m in mine):
+            victims.add(int(proc.name))
+            if Path(f"/proc/{parent}/comm").read_text().strip() == "slurmstepd":
+                victims.add(parent)
+    assert len(victims) >= 3, f"no process of job {job_id} on {node}"
+    for pid in victims:
+        os.kill(pid, 9)
+
+
+# a user's callback with a bug that shows on rank 1 only, at step 15
+BUG = '''
+from lightning.pytorch.callbacks import Callback
+
+
+class Bug(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == 15:
+            raise ValueError("a bug on rank 1 at step 15")
+'''
+
+
+@pytest.mark.slow
+def test_a_node_lost_during_a_two_node_job_requeues_it_and_it_ends_as_one_process(slurm_cluster, tmp, one_process):
+    """Node n2 dies in epoch 2 of a two-node job (its slurmd and the job's processes on it killed) and comes back
+    60 s later: rank 0 stops on the lost peer at once, tells it from a failure of the run, and the job is requeued;
+    the driver says why in one line, and the job continues from last.ckpt to the numbers of one process left
+    alone."""
+    slurm_cluster(accounting=True)
+    sweep = Sweep(tmp, "node_lost", *paced(1.0), run=TWO_NODES)
+    job, deadline = sweep.job_id(), time.monotonic() + 300
+    while not (sweep.run_dir / "checkpoints" / "last.ckpt").is_file():  # saved at the end of epoch 1
+        assert time.monotonic() < deadline and sweep.proc.poll() is None, f"no last.ckpt:\n{sweep.log()[-3000:]}"
+        time.sleep(0.2)
+    time.sleep(3)
+    _lose_node(job)
+    try:
+        time.sleep(60)
+    finally:
+        subprocess.run(["slurmd", "-N", "n2"], check=True)
+    out = sweep.wait(timeout=600)
+    log = sweep.log()
+    assert sweep.proc.returncode == 0, out[-3000:] + log[-3000:]
+    first, *_, last = sweep.attempts()
+    assert first["status"] == "requeued: a peer was lost" and 12 <= first["global_step"] < 24, first
+    assert last["status"] == "finished" and last["global_step"] == 24, last
+    said = [line for line in out.splitlines() if ": requeued" in line]
+    assert len(said) == 1 and "a peer was lost" in said[0] and "continues from step" in said[0], out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    both = json.loads((sweep.run_dir / "metrics.json").read_text())
+    assert both["val/loss"] == pytest.approx(one_process["val/loss"], abs=2e-3), (both, one_process)
+
+
+@pytest.mark.slow
+def test_a_bug_on_one_rank_of_a_two_node_job_is_a_failure_not_a_lost_peer(slurm_cluster, tmp):
+    """Rank 1 raises at step 15: rank 0 meets the same broken collective as when a node dies, but finds rank 1's
+    note of its own error; the job fails (a bug comes back on every attempt: no requeue), its lineage naming rank
+    1's error, and the driver reports it failed."""
+    slurm_cluster(accounting=True)
+    (tmp / "bug.py").write_text(BUG)
+    sweep = Sweep(tmp, "bug_on_rank1", "+callbacks.bug._target_=bug.Bug", run=TWO_NODES)
+    out = sweep.wait(timeout=600)
+    assert sweep.proc.returncode == 1 and ": requeued" not in out and "Traceback" not in out, out[-3000:]
+    failed = [line for line in out.splitlines() if ": failed; log" in line]
+    assert len(failed) == 1, out[-3000:]
+    assert "rank 1 of this run failed (ValueError: a bug on rank 1 at step 15)" in out, out[-3000:]
+    (only,) = sweep.attempts()
+    assert only["status"] == "failed: rank 1 failed" and "a bug on rank 1" in only["peer_error"], only
+    assert "rank 1 of this run failed (ValueError: a bug on rank 1 at step 15)" in sweep.log(), sweep.log()[-3000:]

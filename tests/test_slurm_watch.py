@@ -4,6 +4,7 @@ answers of squeue and sacct, the driver's own code (the cluster tests run the sa
 
 from __future__ import annotations
 
+import json
 import pickle
 import threading
 from pathlib import Path
@@ -133,3 +134,29 @@ def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thre
     for t in threads:
         t.join()
     assert calls == [["61", "62"]]
+
+
+def test_a_job_requeued_between_two_polls_is_said_requeued_once_with_the_cause_its_run_recorded(
+        monkeypatch, tmp_path, caplog):
+    """RUNNING, COMPLETING (its attempt ending: scontrol requeue after a lost node), RUNNING again: the poll never
+    saw it pending. The driver says it was requeued, once, with the cause from the run's lineage (the next attempt
+    has begun, the ended one under `earlier`)."""
+    run_dir = tmp_path / "0"
+    run_dir.mkdir()
+    (run_dir / "lineage.json").write_text(json.dumps({"status": "running", "earlier": [
+        {"status": "requeued: a peer was lost", "error": "Connection reset by peer", "global_step": 15}]}))
+    (job,) = [sl.Watched(FakeJob("31", tmp_path), 0, ["seed=0"], set(), run_dir)]
+
+    def on_poll(n):
+        if n == 5:
+            finish(job.job)
+
+    script(monkeypatch, [{"31": ("RUNNING", "n[1-2]")}, {"31": ("COMPLETING", "n[1-2]")},
+                         {"31": ("RUNNING", "n[1-2]")}, {"31": ("RUNNING", "n[1-2]")}, {"31": ("COMPLETED", "")}],
+           on_poll=on_poll)
+    with caplog.at_level("INFO", logger="attnlab"):
+        sl.watch([job], poll_s=0.0)
+    said = [r.getMessage() for r in caplog.records if ": requeued" in r.getMessage()]
+    assert said == ["job 31 (#0: seed=0): requeued (a peer was lost: Connection reset by peer); it continues from step 15 "
+                    "(last.ckpt) when it runs again"], caplog.text
+    assert job.state == "COMPLETED"

@@ -60,8 +60,9 @@ class Watched:
     """One submitted job as the driver follows it. (A plain class: Hydra's plugin scan loads this module outside
     sys.modules, where dataclasses cannot resolve annotations.)"""
 
-    def __init__(self, job: Any, num: int, overrides: list[str], common: set[str]):
+    def __init__(self, job: Any, num: int, overrides: list[str], common: set[str], run_dir: Path | None = None):
         self.job, self.num, self.overrides = job, num, overrides  # a submitit.SlurmJob, its number, its overrides
+        self.run_dir = run_dir  # where its run writes (the sweep folder's <num>), for how an attempt ended
         self.label = " ".join(o for o in overrides  # what this job of the sweep sets (not the sweeper's own keys)
                               if o.lower() not in common and not o.lstrip("+").startswith("hydra."))
         self.state, self.nodes, self.started = "SUBMITTED", "", False
@@ -109,7 +110,9 @@ class SlurmLauncher(HydraSlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         jobs = self._submit(job_overrides, initial_job_idx)
         common = {o.lower() for o in self.config.hydra.overrides.task} if self.config is not None else set()
-        watched = [Watched(job, initial_job_idx + i, list(overrides), common)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)) if self.config is not None else None
+        watched = [Watched(job, initial_job_idx + i, list(overrides), common,
+                           sweep_dir / str(initial_job_idx + i) if sweep_dir else None)
                    for i, (job, overrides) in enumerate(zip(jobs, job_overrides))]
         self._active.update({w.id: w for w in watched})
         try:
@@ -208,8 +211,11 @@ def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> 
         state = _ended(w, accounting, state)
     if state is None:
         return False
-    if state == "PENDING" and w.started:
-        state = "REQUEUED"  # back in the queue after running: a time limit or a preemption requeued it
+    if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD") and w.started:
+        state = "REQUEUED"  # back in the queue after running: a time limit, a preemption, a lost node requeued it
+    elif state == "RUNNING" and w.started and w.state != "RUNNING":  # requeued and started again between two polls
+        w.state = "REQUEUED"
+        _report(w)
     changed = state != w.state
     if changed:
         w.state, w.nodes = state, nodes or w.nodes
@@ -232,8 +238,9 @@ def _ended(w: Watched, accounting: bool, queue_state: str | None) -> str | None:
             w.outcome = pickle_load(result)
         except (EOFError, OSError, ValueError):  # being written
             return None
-    if w.outcome is not None:
-        return "COMPLETED" if w.outcome[0] == "success" else "FAILED"
+    if w.outcome is not None:  # a job whose run raised returns Hydra's JobReturn with status FAILED
+        ok = w.outcome[0] == "success" and getattr(w.outcome[1], "status", None) != JobStatus.FAILED
+        return "COMPLETED" if ok else "FAILED"
     now = time.monotonic()
     if queue_state is None and accounting:
         queue_state = _sacct_state(w.id)
@@ -271,10 +278,31 @@ def _report(w: Watched) -> None:
     line = f"job {w.id} ({_name(w)}): {w.state.lower()}{where}"
     if w.state in ("RUNNING", "COMPLETED"):
         log.info(f"{line}; log {w.log_file()}")
+    elif w.state == "REQUEUED":
+        log.warning(line + _requeued_because(w))
     elif w.state in FINAL:
         log.error(f"{line}; log {w.log_file()}{_tail(w)}")
     else:
         log.info(line)
+
+
+def _requeued_because(w: Watched) -> str:
+    """Why the job's last attempt ended, as its run recorded it (lineage.json: a lost peer, a preemption, a time
+    limit), and where it goes on from."""
+    import json
+
+    try:
+        record = json.loads((w.run_dir / "lineage.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return ""
+    if not str(record.get("status", "")).startswith("requeued") and record.get("earlier"):
+        record = record["earlier"][-1]  # the next attempt has begun already
+    status = str(record.get("status", ""))
+    if not status.startswith("requeued"):
+        return ""
+    detail = f": {record['error']}" if record.get("error") else ""
+    return (f" ({status.split(':', 1)[1].strip()}{detail}); it continues from step {record.get('global_step', '?')} "
+            "(last.ckpt) when it runs again")
 
 
 def _name(w: Watched) -> str:
@@ -282,13 +310,16 @@ def _name(w: Watched) -> str:
 
 
 def _tail(w: Watched) -> str:
-    """The last lines of the job's error log (its traceback, or the reason SLURM gave)."""
+    """What the job's error log says of how it ended: attnlab's own lines (a failed rank, a stop) and its last line,
+    else its last lines (a traceback, or the reason SLURM gave)."""
     lines: list[str] = []
     for path in (w.log_file().with_suffix(".err"), w.log_file()):
         try:
-            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()][-TAIL_LINES:]
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             continue
+        said = [ln for ln in lines if ln.startswith("attnlab: ")][-2:]
+        lines = said + lines[-1:] if said else lines[-TAIL_LINES:]
         if lines:
             break
     return ("\n    " + "\n    ".join(lines)) if lines else ""
