@@ -319,7 +319,7 @@ def _tail(w: Watched) -> str:
         except OSError:
             continue
         said = [ln for ln in lines if ln.startswith("attnlab: ")][-2:]
-        lines = said + lines[-1:] if said else lines[-TAIL_LINES:]
+        lines = list(dict.fromkeys(said + lines[-1:])) if said else lines[-TAIL_LINES:]
         if lines:
             break
     return ("\n    " + "\n    ".join(lines)) if lines else ""
