@@ -104,9 +104,10 @@ def train(cfg: DictConfig) -> float | None:
 
     import lightning as L
 
+    from attnlab.callbacks.job_cost import JobCost
+    from attnlab.callbacks.peers import PeerWatch
     from attnlab.callbacks.resume import ResumeDataPosition
     from attnlab.callbacks.run_metadata import RunMetadata
-    from attnlab.callbacks.peers import PeerWatch
     from attnlab.callbacks.signals import SignalGuard
     from attnlab.cli import builders, report
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
@@ -149,8 +150,9 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- loggers, callbacks, the Trainer
     loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
-    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + [RunMetadata(resolved), ResumeDataPosition(),
-                                                                              SignalGuard(), PeerWatch(out_dir)]
+    platform = [RunMetadata(resolved), ResumeDataPosition(), SignalGuard(), PeerWatch(out_dir),
+                JobCost(cfg.paths.get("cache_dir"))]
+    callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, callbacks, loggers, model)
     for lg in loggers:

@@ -10,6 +10,7 @@ them to Hydra's submitit launcher (`hydra.launcher.*`). What sbatch would refuse
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,11 @@ def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     fits = [(v, c, fit(settings(c, given), cluster)) for v, c in zip(variants, cfgs) if c is not None]
     _check_same(fits)
     _, cfg, job = fits[0]
+    from attnlab.cli.slurm.estimates import size
+
+    cache_dir = _select(cfg, "paths.cache_dir") or os.environ.get("ATTNLAB_CACHE_DIR")
+    size(job, settings(cfg, given), [c for _, c, _ in fits], [v for v, _, _ in fits], args.config_name or "train",
+         cache_dir)
     where = _targets(cfg)  # launcher.<key>, or hydra.launcher.<key> where the config sets that itself
     fitted = {where.get(k, k): v for k, v in job.overrides().items() if k in given or _changes(cfg, where.get(k, k), v)}
     params = _launcher_params(cfg, fitted)

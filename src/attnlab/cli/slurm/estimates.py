@@ -33,8 +33,19 @@ NOT_COST = ("seed", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time
 
 def fingerprint(config_name: str, overrides: list[str]) -> str:
     """The run's config as far as its cost goes: its config name and its overrides, less NOT_COST, sorted."""
-    kept = sorted(o for o in overrides if not _key(o).startswith(NOT_COST))
+    kept = sorted(o for o in _normal(overrides) if not _key(o).startswith(NOT_COST) and _key(o) != "trainer.devices")
     return hashlib.sha1(json.dumps([config_name, kept]).encode()).hexdigest()[:16]
+
+
+def _normal(overrides: list[str]) -> list[str]:
+    """Each override as Hydra reads it (`test=false` as a sweep's job gets it back: `test=False`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # left as typed: Hydra's run says what it cannot parse
+        return list(overrides)
+    return [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed]
 
 
 def _key(override: str) -> str:
@@ -112,3 +123,34 @@ def process_age_s() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
 
+
+
+def size(job, s, cfgs: list, variants: list[list[str]], config_name: str, cache_dir) -> None:
+    """`launcher.timeout_min=auto` and `launcher.mem_gb=auto` from what earlier jobs of the same config measured on
+    the job's partition (the largest over the sweep's variants; all of them must be known), else the partition's
+    limit and SLURM's default memory; `job` (fit.Fit) is changed in place, with where each value came from."""
+    from attnlab.cli.slurm.fit import AUTO, default_lead
+
+    part = job.partition
+    found = [lookup(cache_dir, part.name, fingerprint(config_name, v)) if cache_dir else None for v in variants]
+    known = all(found) and bool(found)
+    if s.timeout_min in (AUTO, None):
+        steps = [run_steps(c.trainer, m) for c, m in zip(cfgs, found)] if known else []
+        if known and all(n is not None for n in steps):
+            minutes, (m, n) = max((m.time_min(n), (m, n)) for m, n in zip(found, steps))
+            how = (f"estimated from job {m.job} on {part.name}: {m.startup_s:.0f} s start-up + {n} steps x "
+                   f"{m.step_s:.2f} s, +{TIME_MARGIN - 1:.0%} and {TIME_SLACK_S / 60:.0f} min")
+            if part.time_limit_min is not None and minutes > part.time_limit_min:
+                minutes, how = part.time_limit_min, f"the partition's limit (the estimate, {minutes} min, is longer)"
+            job.timeout_min, job.signal_delay_s, job.timeout_from = minutes, default_lead(minutes), how
+        else:
+            job.timeout_from = (f"the partition's limit: no earlier job of this config on {part.name} to estimate "
+                                "from")
+    if s.mem_gb == AUTO:
+        if known:
+            m = max(found, key=lambda m: m.peak_gb)
+            job.mem_gb = min(m.mem_gb(), max(k.mem_mb for k in part.nodes) // 1024)
+            job.mem_from = (f"peak {m.peak_gb:.1f} GB measured by job {m.job} on {part.name}, +"
+                            f"{MEM_MARGIN - 1:.0%} and {MEM_SLACK_GB:.0f} GB")
+        else:
+            job.mem_from = f"SLURM's default: no earlier job of this config on {part.name} to estimate from"

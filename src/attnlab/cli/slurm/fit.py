@@ -58,20 +58,26 @@ class Fit:
     timeout_min: int
     signal_delay_s: int
     devices: int
+    mem_gb: int | None = None  # launcher.mem_gb=auto: from the run's own estimate (estimates.py)
+    timeout_from: str = ""  # where the time limit and the memory came from, when the run's estimate was asked for
+    mem_from: str = ""
 
     def overrides(self) -> dict[str, Any]:
         """The fitted values as the run's own keys (null: no GPU is requested)."""
         return {"launcher.partition": self.partition.name, "launcher.tasks_per_node": self.tasks_per_node,
                 "launcher.gpus_per_node": self.gpus_per_node or None, "launcher.cpus_per_task": self.cpus_per_task,
                 "launcher.timeout_min": self.timeout_min, "launcher.signal_delay_s": self.signal_delay_s,
-                "trainer.devices": self.devices}
+                "trainer.devices": self.devices} | ({"launcher.mem_gb": self.mem_gb} if self.mem_from else {})
 
     def describe(self) -> str:
         gpus = f"{self.gpus_per_node} GPU{'s' * (self.gpus_per_node != 1)}" if self.gpus_per_node else "no GPU"
         return (f"SLURM partition {self.partition.name}: {self.nodes} node{'s' * (self.nodes != 1)} x "
                 f"{self.tasks_per_node} task{'s' * (self.tasks_per_node != 1)} (trainer.devices={self.devices}), "
                 f"{self.cpus_per_task} CPU{'s' * (self.cpus_per_task != 1)} per task, {gpus} per node, time limit "
-                f"{self.timeout_min} min, USR1 {self.signal_delay_s} s before it")
+                f"{self.timeout_min} min{f' ({self.timeout_from})' if self.timeout_from else ''}, USR1 "
+                f"{self.signal_delay_s} s before it"
+                + (f", memory {f'{self.mem_gb} GB' if self.mem_gb else 'not asked'} ({self.mem_from})"
+                   if self.mem_from else ""))
 
 
 def fit(s: Settings, cluster: Cluster) -> Fit:
