@@ -261,7 +261,7 @@ class Bug(Callback):
 @pytest.mark.slow
 def test_a_node_lost_during_a_two_node_job_requeues_it_and_it_ends_as_one_process(slurm_cluster, tmp, one_process):
     """Node n2 dies in epoch 2 of a two-node job (its slurmd and the job's processes on it killed) and comes back
-    60 s later: rank 0 stops on the lost peer at once, tells it from a failure of the run, and the job is requeued;
+    30 s later: rank 0 stops on the lost peer at once, tells it from a failure of the run, and the job is requeued;
     the driver says why in one line, and the job continues from last.ckpt to the numbers of one process left
     alone."""
     slurm_cluster(accounting=True)
@@ -273,7 +273,7 @@ def test_a_node_lost_during_a_two_node_job_requeues_it_and_it_ends_as_one_proces
     time.sleep(3)
     _lose_node(job)
     try:
-        time.sleep(60)
+        time.sleep(30)
     finally:
         subprocess.run(["slurmd", "-N", "n2"], check=True)
     out = sweep.wait(timeout=600)
