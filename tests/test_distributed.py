@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from attnlab.cli.plan import make_plan
 from attnlab.errors import UserError
 from conftest import compose_cfg, run_cli
 
@@ -99,29 +100,32 @@ def test_the_trainer_builder_hands_the_networks_blocks_to_fsdp(tmp_path, monkeyp
     FSDPStrategy config and the name `fsdp` alike; a network without block classes is one unit, said in one line."""
     from lightning.pytorch.strategies import FSDPStrategy
 
+    from attnlab import devices
     from attnlab.cli import builders
     from attnlab.nn.layers import Block
     from attnlab.tasks.segmentation import Segmenter
 
-    monkeypatch.setattr(builders, "check_devices", lambda trainer_cfg: None)  # no GPU here: see the test above
+    monkeypatch.setattr(devices, "check_devices", lambda *a: None)  # no GPU here: see the test above
     monkeypatch.setattr(builders, "instantiate", lambda cfg, **kwargs: kwargs)  # what the Trainer would be given
     gpt = _tasks()["gpt"]
     for strategy in ("trainer=fsdp", "trainer.strategy=fsdp",
                      "+trainer.strategy={_target_: lightning.pytorch.strategies.FSDPStrategy}"):
         cfg = compose_cfg(["trainer=fsdp", strategy, "model.activation_checkpointing=true"], tmp_path)
-        given = builders.build_trainer(cfg, [], [], gpt)["strategy"]
+        given = builders.build_trainer(cfg, make_plan(cfg), [], [], gpt)["strategy"]
         assert isinstance(given, FSDPStrategy) and given.kwargs["auto_wrap_policy"]._module_classes == {Block}
         assert given._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {Block}, strategy
     unet = Segmenter(net="unet", num_classes=2, in_chans=1, depth=2, base_channels=4)
     with caplog.at_level("INFO", logger="attnlab"):
-        given = builders.build_trainer(compose_cfg(["trainer=fsdp"], tmp_path), [], [], unet)["strategy"]
+        fsdp = compose_cfg(["trainer=fsdp"], tmp_path)
+        given = builders.build_trainer(fsdp, make_plan(fsdp), [], [], unet)["strategy"]
     assert "auto_wrap_policy" not in given.kwargs
     assert "FSDP: UNet declares no block classes (attnlab.protocols.BlockNetwork): the network is one FSDP unit" \
         in caplog.text
-    assert "strategy" not in builders.build_trainer(compose_cfg(["trainer=ddp_cpu"], tmp_path), [], [], gpt)
+    ddp = compose_cfg(["trainer=ddp_cpu"], tmp_path)
+    assert "strategy" not in builders.build_trainer(ddp, make_plan(ddp), [], [], gpt)
     cfg = compose_cfg(["trainer=fsdp", "callbacks=ema"], tmp_path)  # an average of FSDP's shards: refused
     with pytest.raises(UserError, match=r"callbacks=ema .* trainer=ddp"):
-        builders.build_trainer(cfg, [], [], gpt)
+        builders.build_trainer(cfg, make_plan(cfg), [], [], gpt)
 
 
 def _loss(name: str, task) -> torch.Tensor:

@@ -216,7 +216,8 @@ def test_the_trainer_hands_every_loop_normalized_batches_and_erases_only_in_trai
 def test_predict_py_gives_the_probabilities_of_the_device_normalized_batch(tmp_path):
     """predict.py applies the eval transform outside Lightning and normalizes on the host: the same numbers as a
     validation batch normalized on the device."""
-    from attnlab.cli.builders import load_task, read_run_metadata
+    from attnlab.cli.builders import load_task
+    from attnlab.resume import read_run_metadata
     from attnlab.cli.predict import predict
     from attnlab.cli.training import train
     from attnlab.data.images import FileImages, image_files

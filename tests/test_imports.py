@@ -110,3 +110,16 @@ def test_the_check_finds_a_function_level_import_going_the_wrong_way(tmp_path):
                     "    from . import settings\n")
     assert violations(path, allowed_table(), module="attnlab.memory") == [
         "attnlab.memory:5 imports attnlab.cli.builders (memory may import devices, errors, settings, utils)"]
+
+
+# what runs below the entry points takes the run's plan or plain values (cli/plan.py), never the raw config
+PLAN_ONLY = ("devices.py", "memory.py", "strategies.py", "cli/report.py")
+
+
+def test_the_modules_below_the_plan_do_not_import_omegaconf():
+    for name in PLAN_ONLY:
+        path = SRC / name
+        found = [f"{name}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "omegaconf" for a in node.names)
+                 or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "omegaconf"]
+        assert not found, f"these import OmegaConf: {found}"

@@ -10,9 +10,11 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import attnlab.memory as memory
 from attnlab.cli import builders
+from attnlab.cli.plan import make_plan
 from attnlab.cli.training import train
 from attnlab.config import prepare
 from attnlab.errors import UserError
@@ -61,7 +63,8 @@ def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
     task = builders.build_task(cfg, dm)
     state = {k: v.clone() for k, v in task.state_dict().items()}
     rng = torch.get_rng_state()
-    est = memory.check_run_memory(cfg, task, dm)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    est = memory.check_run_memory(make_plan(cfg), task, dm, optimizer=resolved.get("optimizer"), data=resolved["data"])
     assert est is not None and est.terms["activations"] > 0 and est.total > est.terms["process"]
     assert torch.equal(torch.get_rng_state(), rng)  # the run draws the same numbers
     after = task.state_dict()

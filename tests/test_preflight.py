@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, compose_cfg, run_cli
 
@@ -120,3 +121,36 @@ def test_the_search_stops_at_the_training_split():
 
     assert _largest_batch_gpu(lambda max_steps: Trainer(), torch.nn.Linear(2, 2), Data(), 5000, limit=1258) == 1258
     assert sizes == [1258]
+
+
+
+class TrainClock(Callback):
+    """A user's callback: the seconds from the first training batch to the end of training (validation included)."""
+
+    started = seconds = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 0 and trainer.global_step == 0:
+            TrainClock.started = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module):
+        TrainClock.seconds = time.perf_counter() - TrainClock.started
+
+
+@pytest.mark.slow
+def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, caplog):
+    """global_batch_size=64 over batches of 16 accumulates 4 batches a step: preflight counts 4 x max_steps batches,
+    as the run trains them (it read 1 before the plan decided the accumulation), and its estimate of the training
+    and validation matches the run's time for them within 20%."""
+    from attnlab.cli.training import train
+
+    caplog.set_level("INFO", logger="attnlab")
+    steps = ["global_batch_size=64", "data.batch_size=16", "trainer.max_steps=30", "test=false"]
+    train(compose_cfg(["preflight=true", "preflight_steps=20", *steps, *QUICK], tmp_path / "pre"))
+    m = re.search(r"the configured run  ≈ [\d.]+ (?:s|min) \(([\d.]+) (s|min) training(?: \+ ([\d.]+) (s|min) "
+                  r"validation)?", caplog.text)
+    assert m, caplog.text[-2000:]
+    predicted = sum(float(v) * (60 if unit == "min" else 1) for v, unit in ((m[1], m[2]), (m[3], m[4])) if v)
+    train(compose_cfg([*steps, *QUICK, f"+callbacks.clock._target_={__name__}.TrainClock"], tmp_path / "real"))
+    print(f"\npreflight: {predicted:.1f} s; the run: {TrainClock.seconds:.1f} s")
+    assert 0.8 < TrainClock.seconds / predicted < 1.2, (predicted, TrainClock.seconds)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from attnlab.cli.slurm import estimates
+from attnlab.cli.slurm import estimates as sizing
+from attnlab.utils import job_costs as estimates
 from attnlab.cli.slurm.cluster import NodeKind, Partition
 from attnlab.cli.slurm.fit import AUTO, Fit, Settings
 
@@ -31,23 +32,23 @@ def test_the_time_limit_and_memory_come_from_the_same_partitions_measurement(tmp
     estimates.record(tmp_path, "cpu", key, estimates.Measured(10, 0.5, 100, 3.0, "7"))  # another partition's nodes
     cfg = OmegaConf.create({"trainer": {"max_epochs": 3, "max_steps": -1}})
     job = _fit()
-    estimates.size(job, Settings(mem_gb=AUTO), [cfg], [variant], "train", tmp_path)
+    sizing.size(job, Settings(mem_gb=AUTO), [cfg], [variant], "train", tmp_path)
     assert job.timeout_min == 1440 and "no earlier job of this config on gpu" in job.timeout_from
     assert job.mem_gb is None and "SLURM's default" in job.mem_from
 
     estimates.record(tmp_path, "gpu", key, estimates.Measured(30, 0.8, 100, 6.0, "9"))
     job = _fit()
-    estimates.size(job, Settings(mem_gb=AUTO), [cfg], [variant], "train", tmp_path)
+    sizing.size(job, Settings(mem_gb=AUTO), [cfg], [variant], "train", tmp_path)
     # (30 s + 300 steps x 0.8 s) x 1.25 + 2 min = 7.6 min
     assert job.timeout_min == 8 and job.signal_delay_s == 96 and "estimated from job 9 on gpu" in job.timeout_from
     assert job.mem_gb == 9 and "peak 6.0 GB measured by job 9" in job.mem_from  # 6 x 1.25 + 1
     assert job.overrides()["launcher.timeout_min"] == 8 and job.overrides()["launcher.mem_gb"] == 9
 
     job = _fit(limit=5)  # the estimate is longer than the partition allows: its limit, requeued at it
-    estimates.size(job, Settings(mem_gb=None), [cfg], [variant], "train", tmp_path)
+    sizing.size(job, Settings(mem_gb=None), [cfg], [variant], "train", tmp_path)
     assert job.timeout_min == 5 and "the partition's limit (the estimate, 8 min, is longer)" in job.timeout_from
     assert "launcher.mem_gb" not in job.overrides()
 
     job = _fit()  # a time limit of one's own is kept
-    estimates.size(job, Settings(timeout_min=30), [cfg], [variant], "train", tmp_path)
+    sizing.size(job, Settings(timeout_min=30), [cfg], [variant], "train", tmp_path)
     assert job.timeout_min == 1440 and job.timeout_from == ""

@@ -187,11 +187,12 @@ def test_progress_bar_describes_the_budget(max_epochs, max_steps, expected):
 
 def test_no_progress_bar_callback_means_no_bar(tmp_path):
     from attnlab.cli import builders
+    from attnlab.cli.plan import make_plan
     from conftest import compose_cfg
 
     for overrides, has_bar in ((["callbacks.progress_bar=null"], False), ([], True)):
         cfg = compose_cfg(["model=vit", "data=digits", *overrides], tmp_path)
-        trainer = builders.build_trainer(cfg, builders.build_callbacks(cfg), [])
+        trainer = builders.build_trainer(cfg, make_plan(cfg), builders.build_callbacks(cfg), [])
         assert (trainer.progress_bar_callback is not None) == has_bar, overrides
 
 

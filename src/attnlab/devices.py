@@ -1,33 +1,38 @@
-"""The devices a run asks for (`trainer.accelerator`, `trainer.devices`) against those the machine has."""
+"""The devices a run asks for (`trainer.accelerator`, `trainer.devices`) against those the machine has. Plain values
+in, decided by the run's plan (cli/plan.py) once."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
+GPU_ACCELERATORS = ("gpu", "cuda")
 
 
-def device_count(trainer_cfg) -> int:
-    devices, accel = trainer_cfg.get("devices", 1), trainer_cfg.get("accelerator", "auto")
-    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+def uses_gpu(accelerator: str) -> bool:
+    """Whether a run with this `trainer.accelerator` runs on CUDA GPUs (`auto`: when this machine has one)."""
+    return accelerator in GPU_ACCELERATORS or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def device_count(accelerator: str, devices: Any) -> int:
+    """The devices per node that `trainer.devices` asks for (`auto` or -1: every GPU, else 1)."""
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
         return len(devices)
     if devices in ("auto", -1, "-1"):
-        gpus = torch.cuda.device_count() if accel in ("gpu", "cuda", "auto") else 0
+        gpus = torch.cuda.device_count() if accelerator in (*GPU_ACCELERATORS, "auto") else 0
         return gpus or 1
     return int(devices)
 
 
-
-def check_devices(trainer_cfg) -> None:
+def check_devices(accelerator: str, devices: Any, precision: str) -> None:
     """Refuse a GPU request this machine cannot serve, before Lightning fails somewhere deeper."""
-    accel, devices = str(trainer_cfg.get("accelerator", "auto")), trainer_cfg.get("devices", 1)
-    precision = str(trainer_cfg.get("precision", "32-true"))
-    on_cpu = accel == "cpu" or (accel == "auto" and not torch.cuda.is_available())
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     if on_cpu and precision.startswith("16"):
         raise UserError(f"trainer.precision={precision} (float16) needs a GPU; this run is on the CPU, where "
                         "Lightning would switch to bf16-mixed, hundreds of times slower than 32-true on most CPUs. "
@@ -35,12 +40,12 @@ def check_devices(trainer_cfg) -> None:
     if on_cpu and precision.startswith("bf16"):
         log.warning("trainer.precision=%s on the CPU: most CPUs run bfloat16 far slower than float32 "
                     "(trainer.precision=32-true)", precision)
-    if accel not in ("gpu", "cuda"):
+    if accelerator not in GPU_ACCELERATORS:
         return
     available = torch.cuda.device_count()
     if available == 0:
         raise UserError(
-            f"trainer.accelerator={accel} asks for a CUDA GPU, but this machine has none visible to PyTorch. "
+            f"trainer.accelerator={accelerator} asks for a CUDA GPU, but this machine has none visible to PyTorch. "
             "Use trainer=cpu (or trainer=ddp_cpu for multi-process DDP on CPU), or check CUDA_VISIBLE_DEVICES and "
             "the installed torch build."
         )

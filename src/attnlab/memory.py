@@ -156,8 +156,8 @@ _UNSEEN = 1.25  # kernels' own buffers and the allocator's slack, see the module
 _PRECISION_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int = 1,
-             on_gpu: bool = False, cache_dir: str | None = None, averaged: bool = False) -> MemoryEstimate | None:
+def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int = 1, on_gpu: bool = False,
+             cache_dir: str | None = None, averaged: bool = False, sharded: bool = False) -> MemoryEstimate | None:
     batch = sample_batch(dm)
     if batch is None:
         return None
@@ -169,7 +169,6 @@ def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int
     weights = sum(p.numel() * p.element_size() for p in task.parameters())
     if half:
         trainable, weights = trainable // 2, weights // 2
-    sharded = "fsdp" in str(trainer_cfg.get("strategy") or "").lower()
     shard = processes if sharded else 1
     ratio = optimizer_state_ratio(optimizer_factory) if optimizer_factory is not None else 2.0
     dtype = _PRECISION_AUTOCAST.get(precision) or (torch.bfloat16 if half else None)
@@ -293,13 +292,14 @@ def check_fits(est: MemoryEstimate, data_cfg: dict, force: bool = False) -> None
     raise UserError(message)
 
 
-def averages_weights(cfg) -> bool:
-    """Whether one of the run's callbacks keeps an average of the weights (EMA, SWA): a second copy of the model."""
+def averages_weights(callbacks: dict) -> bool:
+    """Whether one of the run's callbacks (their config nodes, by name) keeps an average of the weights (EMA, SWA):
+    a second copy of the model."""
     from hydra.utils import get_class
     from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
 
-    for node in (cfg.get("callbacks") or {}).values():
-        target = node.get("_target_") if hasattr(node, "get") else None
+    for node in (callbacks or {}).values():
+        target = node.get("_target_") if isinstance(node, dict) else None
         try:
             cls = get_class(target) if target else None
         except Exception:  # not a class path: the callback's own check refuses it
@@ -309,32 +309,28 @@ def averages_weights(cfg) -> bool:
     return False
 
 
-def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | None:
-    """Estimate the run's memory and refuse it when it does not fit (extras.force=true: warn and go on;
-    refuse=false: only the estimate, for preflight=true to report)."""
-    from omegaconf import OmegaConf
-
-    from attnlab.devices import check_devices, device_count
+def check_run_memory(plan, task, dm, optimizer: dict | None = None, data: dict | None = None,
+                     refuse: bool = True) -> MemoryEstimate | None:
+    """Estimate the run's memory (its plan: cli/plan.py; its optimizer and data nodes, resolved) and refuse it when
+    it does not fit (extras.force=true: warn and go on; refuse=false: only the estimate, for preflight=true to
+    report)."""
     from attnlab.settings import split_optimizer
 
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return None  # the launching process checked for all of them
-    check_devices(cfg.trainer)  # devices the machine has, before asking them how much memory is free
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    accelerator = str(trainer_cfg.get("accelerator") or "auto")
-    if accelerator in ("gpu", "cuda", "mps", "tpu") and not torch.cuda.is_available():
-        return None  # refused by the device checks that come next, or hardware this estimate does not cover
-    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    t = plan.trainer
+    if t.accelerator in ("gpu", "cuda", "mps", "tpu") and not torch.cuda.is_available():
+        return None  # refused by the device checks, or hardware this estimate does not cover
     factory = None
-    if cfg.get("optimizer") and cfg.optimizer.get("_target_"):
+    if optimizer and optimizer.get("_target_"):
         from hydra.utils import instantiate
 
-        node, _ = split_optimizer(OmegaConf.to_container(cfg.optimizer, resolve=True))
+        node, _ = split_optimizer(dict(optimizer))
         node["lr"] = node.get("lr") or 1e-3
         factory = instantiate(node | {"_partial_": True})
     try:
-        est = estimate(task, dm, trainer_cfg, factory, processes=device_count(cfg.trainer), on_gpu=on_gpu,
-                       cache_dir=(cfg.get("paths") or {}).get("cache_dir"), averaged=averages_weights(cfg))
+        est = estimate(task, dm, {"precision": t.precision}, factory, processes=t.devices, on_gpu=t.on_gpu,
+                       cache_dir=plan.cache_dir, averaged=plan.averages_weights, sharded=t.sharded)
     except UserError:
         raise
     except Exception as e:  # the estimate is a look before the run, never what stops it
@@ -346,6 +342,5 @@ def check_run_memory(cfg, task, dm, refuse: bool = True) -> MemoryEstimate | Non
     log.info("memory: about %s; available %s", est.describe(),
              "unknown" if est.available is None else f"{est.available / GiB:.2f} GiB per process")
     if refuse:
-        data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-        check_fits(est, data_cfg, force=bool((cfg.get("extras") or {}).get("force")))
+        check_fits(est, data or {}, force=plan.force)
     return est

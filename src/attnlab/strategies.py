@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import nn
@@ -78,10 +78,9 @@ def _fsdp_node(strategy) -> dict | None:
         return {"_target_": f"{__name__}.fsdp"} if str(strategy).lower() == "fsdp" else None
     from hydra.utils import get_object
     from lightning.pytorch.strategies import FSDPStrategy
-    from omegaconf import DictConfig, OmegaConf
 
-    node = OmegaConf.to_container(strategy, resolve=True) if isinstance(strategy, DictConfig) else strategy
-    if not isinstance(node, dict) or not node.get("_target_"):
+    node = strategy  # a dict, or any mapping (a config node)
+    if not isinstance(node, Mapping) or not node.get("_target_"):
         return None
     try:
         target = get_object(node["_target_"])
@@ -122,19 +121,6 @@ def fsdp_strategy(strategy, model: nn.Module, activation_checkpointing: bool = F
     return instantiate(rest, _partial_=True)(**given)
 
 
-def activation_checkpointing(cfg) -> bool:
-    """model.activation_checkpointing of a run's config (a platform key: every task takes it)."""
-    return bool((cfg.get("model") or {}).get("activation_checkpointing"))
-
-
-def checkpointed(cfg, task):
-    """The task, with `model.activation_checkpointing=true` under a strategy that does not checkpoint itself (DDP,
-    one device) its blocks wrapped (`checkpoint_activations`); FSDP checkpoints them itself (`fsdp_strategy`)."""
-    if activation_checkpointing(cfg) and not is_fsdp((cfg.get("trainer") or {}).get("strategy")):
-        checkpoint_activations(task)
-    return task
-
-
 def checkpoint_activations(model: nn.Module) -> int:
     """Recompute the activations of each block of `model`'s network in the backward pass instead of keeping them
     (torch's checkpoint wrapper around every module of its block classes), for the strategies that do not
@@ -171,7 +157,7 @@ def writes_own_checkpoints(strategy) -> bool:
         cls = StrategyRegistry[strategy.lower()]["strategy"] if strategy.lower() in StrategyRegistry else None
     elif isinstance(strategy, Strategy):
         cls = type(strategy)
-    elif strategy is not None and strategy.get("_target_"):
+    elif isinstance(strategy, Mapping) and strategy.get("_target_"):
         from hydra.utils import get_object
 
         try:

@@ -50,9 +50,16 @@ def lost_peer(error: BaseException) -> bool:
 class PeerWatch(Callback):
     """Tells a lost rank from a failed one at the end of a multi-rank run that raised (module docstring)."""
 
-    def __init__(self, run_dir: str | Path, wait_s: float = 10.0):
-        self.notes = Path(run_dir) / ".ranks"
+    def __init__(self, wait_s: float = 10.0):
         self.wait_s = wait_s
+        self.notes = Path(".ranks")
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        from attnlab.callbacks.run_metadata import RunMetadata
+
+        metadata = RunMetadata.of(trainer)
+        run_dir = metadata.run_dir() if metadata is not None else None
+        self.notes = Path(run_dir or trainer.default_root_dir) / ".ranks"
 
     @staticmethod
     def attempt() -> str:

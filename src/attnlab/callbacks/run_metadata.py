@@ -33,8 +33,12 @@ class RunMetadata(L.Callback):
         self.config = config
         self.lineage: dict[str, Any] | None = None
 
-    def _run_dir(self) -> str | None:
+    def run_dir(self) -> str | None:
         return (self.config.get("paths") or {}).get("output_dir")
+
+    def setting(self, group: str, key: str) -> Any:
+        """A value of the run's resolved config (`paths`, `cache_dir`), None where it has none."""
+        return (self.config.get(group) or {}).get(key)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit" or self.lineage is not None:
@@ -44,8 +48,8 @@ class RunMetadata(L.Callback):
         launcher = lineage.launcher_settings()
         if launcher:
             self.lineage["launcher"] = launcher
-        if trainer.is_global_zero and self._run_dir():
-            lineage.write(self._run_dir(), self.lineage, diff)
+        if trainer.is_global_zero and self.run_dir():
+            lineage.write(self.run_dir(), self.lineage, diff)
 
     @staticmethod
     def of(trainer: L.Trainer) -> RunMetadata | None:
@@ -53,10 +57,10 @@ class RunMetadata(L.Callback):
 
     def finish(self, trainer, status: str, **fields: Any) -> None:
         """How this attempt of the run ended (`finished`, `stopped`, `requeued: time limit`, ...), in lineage.json."""
-        if self.lineage is None or not trainer.is_global_zero or not self._run_dir():
+        if self.lineage is None or not trainer.is_global_zero or not self.run_dir():
             return
         self.lineage |= {"ended": lineage.now(), "status": status, "global_step": trainer.global_step, **fields}
-        lineage.write(self._run_dir(), self.lineage)
+        lineage.write(self.run_dir(), self.lineage)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.finish(trainer, "finished")

@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,13 +14,12 @@ from hydra.utils import get_class
 from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.checkpoints import newest_last, read_checkpoint
 from attnlab.config import constructor_kwargs, current_target, import_user_modules, named_parameters
-from attnlab.devices import check_devices
 from attnlab.errors import UserError
 from attnlab.protocols import data as data_hooks
 from attnlab.protocols import task as task_hooks
-from attnlab.settings import RunSettings, split_optimizer
+from attnlab.resume import resolve_checkpoint
+from attnlab.settings import split_optimizer
 
 log = logging.getLogger("attnlab")
 
@@ -84,6 +82,11 @@ def init_settings(cfg: DictConfig, task_cls: type) -> dict:
     return settings
 
 
+def model_class(target: str) -> type:
+    """The class `model._target_` names."""
+    return _target_class(target, "model")
+
+
 def _target_class(target: str | None, group: str) -> type:
     if not target:
         raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
@@ -98,17 +101,16 @@ def _target_class(target: str | None, group: str) -> type:
         ) from e
 
 
-def build_task(cfg: DictConfig, dm) -> Any:
+def build_task(cfg: DictConfig, dm, init: dict | None = None) -> Any:
     """attnlab's tasks get plain configs for their network, optimizer and schedule, and build them themselves, so
     that `Task.load_from_checkpoint(path)` can rebuild them from the checkpoint alone. Any other LightningModule
     (a `_target_` of the user's) gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its
     constructor takes them (lightning-hydra-template's convention)."""
-    from attnlab import strategies
     from attnlab.tasks.base import BaseTask
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     task_cls = _target_class(model_cfg.pop("_target_", None), "model")
-    model_cfg |= init_settings(cfg, task_cls)
+    model_cfg |= init_settings(cfg, task_cls) if init is None else init  # decided by the plan, when it was made
     kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
@@ -118,7 +120,7 @@ def build_task(cfg: DictConfig, dm) -> Any:
     kwargs |= {k: v for k, v in info.task_arguments().items() if k in takes and kwargs.get(k) is None}
     if issubclass(task_cls, BaseTask):
         task = task_hooks.check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), info)
-        return strategies.checkpointed(cfg, task)
+        return task
     if optimizer and "optimizer" in takes:
         opt_kwargs, options = split_optimizer(optimizer)
         used = {k: v for k, v in dataclasses.asdict(options).items() if v is not None}
@@ -131,8 +133,7 @@ def build_task(cfg: DictConfig, dm) -> Any:
         kwargs["optimizer"] = instantiate(opt_kwargs | {"_partial_": True})
     if scheduler and "scheduler" in takes:
         kwargs["scheduler"] = instantiate(scheduler | {"_partial_": True})
-    return strategies.checkpointed(cfg, instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}",
-                                                     **kwargs}, _convert_="all"))
+    return instantiate({"_target_": f"{task_cls.__module__}.{task_cls.__qualname__}", **kwargs}, _convert_="all")
 
 
 def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:
@@ -171,11 +172,11 @@ def _parameters(target: str) -> set[str]:
         return set()
 
 
-def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
-    """The Trainer of cfg.trainer; an FSDP strategy gets the block classes of `model`'s network (strategies.py)."""
+def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, model=None):
+    """The Trainer of cfg.trainer, as the run's plan (cli/plan.py) decided it; an FSDP strategy gets the block
+    classes of `model`'s network (strategies.py)."""
     trainer_cfg = cfg.trainer
-    check_devices(trainer_cfg)
-    if trainer_cfg.get("accelerator") == "cpu" and isinstance(trainer_cfg.get("devices"), int):
+    if plan.trainer.accelerator == "cpu" and isinstance(trainer_cfg.get("devices"), int):
         # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
         # threads than the process was given, e.g. by OMP_NUM_THREADS)
         from attnlab.utils.cpus import usable_cpus
@@ -186,7 +187,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
     from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 
-    from attnlab.strategies import activation_checkpointing, fsdp_strategy, writes_own_checkpoints
+    from attnlab.strategies import fsdp_strategy
 
     extra = {}
     # callbacks.progress_bar=null / callbacks.model_checkpoint=null mean none, not Lightning's default one
@@ -194,12 +195,10 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
         extra["enable_progress_bar"] = any(isinstance(c, ProgressBar) for c in callbacks)
     if "enable_checkpointing" not in trainer_cfg:
         extra["enable_checkpointing"] = any(isinstance(c, Checkpoint) for c in callbacks)
-    strategy = trainer_cfg.get("strategy") or ""
-    sharded = model is not None and fsdp_strategy(strategy, model, activation_checkpointing(cfg))
+    sharded = model is not None and plan.trainer.sharded and fsdp_strategy(plan.trainer.strategy, model,
+                                                                           plan.model.activation_checkpointing)
     if sharded:
-        from attnlab.memory import averages_weights
-
-        if averages_weights(cfg):
+        if plan.averages_weights:
             raise UserError("callbacks=ema (or another callback averaging the weights) keeps a whole copy of the "
                             "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
                             "leave the average out (callbacks=default).")
@@ -208,7 +207,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list, model=None):
             del trainer_cfg["strategy"]
         extra["strategy"] = sharded
     plugins = []
-    if not trainer_cfg.get("plugins") and not writes_own_checkpoints(strategy):  # sharded: own IO
+    if not trainer_cfg.get("plugins") and not plan.trainer.writes_own_checkpoints:  # sharded: own IO
         from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 
         plugins.append(AtomicCheckpointIO())
@@ -246,118 +245,6 @@ def required_checkpoint(cfg: DictConfig, script: str) -> str:
         raise UserError(f"{script} needs a checkpoint: ckpt_path=<run dir>/checkpoints/last.ckpt (or best), or "
                         "ckpt_path=last for the newest run's.")
     return resolve_checkpoint(cfg.ckpt_path, cfg.paths.log_dir)
-
-
-def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | None = None) -> str | None:
-    if not ckpt_path:
-        return None
-    if str(ckpt_path) == "last":
-        last = newest_last(Path(log_dir) / task_name if task_name else Path(log_dir))
-        if last is None:
-            where = Path(log_dir) / (task_name or "")
-            raise UserError(
-                f"ckpt_path=last: no last.ckpt under {where}. Train first, or give the checkpoint's path "
-                "(ckpt_path=logs/<task>/runs/<time>/checkpoints/last.ckpt)."
-            )
-        log.info("ckpt_path=last: %s", last)
-        return str(last)
-    path = Path(ckpt_path)
-    if not path.is_file():
-        near = sorted(str(p) for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
-        raise UserError(
-            f"ckpt_path={ckpt_path} does not exist. "
-            + (f"Checkpoints in {path.parent}: {', '.join(near)}. " if near else "")
-            + "Give the path of a .ckpt written by train.py (in <run dir>/checkpoints/), or ckpt_path=last."
-        )
-    return str(path)
-
-
-def checkpoint_in_run_dir(cfg: DictConfig) -> str | None:
-    """The run directory's own last.ckpt when `resume` is on: the run was interrupted (a crash, a kill, a SLURM
-    preemption) and is started again in the same directory, where it continues at the step and batch it stopped."""
-    ckpt_cfg = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
-    last = Path(ckpt_cfg.get("dirpath") or Path(cfg.paths.output_dir) / "checkpoints") / "last.ckpt"
-    if not last.is_file():
-        return None
-    if not RunSettings.of(cfg).resume:
-        log.warning("resume=false: starting over in %s; its checkpoints will be replaced", last.parents[1])
-        return None
-    log.info("resuming from %s: this run directory holds an earlier run of it (resume=false starts over)", last)
-    return str(last)
-
-
-def read_run_metadata(ckpt_path: str) -> dict:
-    """The run metadata (resolved config, W&B id) stored in a checkpoint by attnlab."""
-    ckpt = read_checkpoint(ckpt_path, mmap=True)
-    meta = ckpt.get("attnlab")
-    if not meta:
-        raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "
-                        "give a checkpoint from <run dir>/checkpoints/.")
-    shapes = {k: tuple(v.shape) for k, v in (ckpt.get("state_dict") or {}).items() if isinstance(v, torch.Tensor)}
-    return dict(meta) | {"global_step": ckpt.get("global_step"), "shapes": shapes}
-
-
-def check_resumable(meta: dict, model: torch.nn.Module, optimizer_cfg: dict | None, ckpt_path: str) -> None:
-    """A checkpoint continued with ckpt_path= must fit the run being built: its optimizer state the optimizer's
-    kind, its weights the network's shapes (`ckpt_path=last` takes the newest run of the task, whatever its
-    settings)."""
-    before = (meta["config"].get("optimizer") or {}).get("_target_")
-    now = (optimizer_cfg or {}).get("_target_")
-    if before and now and before != now:
-        raise UserError(
-            f"checkpoint {ckpt_path} was trained with optimizer {before}, whose state cannot continue in this run's "
-            f"{now}. Resume with the checkpoint's optimizer (its run's config.yaml), or start a new run without "
-            "ckpt_path."
-        )
-    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    shapes = meta.get("shapes") or {}
-    wrong = sorted(k for k in own.keys() & shapes.keys() if own[k] != shapes[k])
-    if wrong:
-        shown = ", ".join(f"{k}: {shapes[k]} in the checkpoint, {own[k]} here" for k in wrong[:3])
-        raise UserError(
-            f"checkpoint {ckpt_path} holds a network of other sizes than this run builds ({shown}"
-            f"{', ...' if len(wrong) > 3 else ''}). Resume with the checkpoint's own model and data settings (its "
-            "run's config.yaml), or start a new run without ckpt_path."
-        )
-
-
-def check_same_task(meta: dict, model_target: str, ckpt_path: str, run_dir: bool = False) -> None:
-    ckpt_target = meta["config"]["model"]["_target_"]
-    if ckpt_target == model_target:
-        return
-    if run_dir:
-        raise UserError(
-            f"this run directory holds a run of task {ckpt_target} ({ckpt_path}), which resume=true would "
-            f"continue, but this run's model config uses {model_target}. Give the run its own directory (leave "
-            "hydra.run.dir out, or pick a new one), or resume=false to start over here (its checkpoints are replaced)."
-        )
-    raise UserError(
-        f"checkpoint {ckpt_path} was trained by task {ckpt_target}, but this run's model config uses "
-        f"{model_target}. Pick the model config of that checkpoint's run (its config is in the checkpoint, and "
-        "in the run's config.yaml), or start without ckpt_path."
-    )
-
-
-RUNTIME_KEYS = ("compile", "activation_checkpointing")  # how the model runs, not what it is
-
-
-def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:
-    """An auto-resumed run must build the model the run directory's checkpoint holds (its runtime keys aside)."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out |= flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
-        return out
-
-    before, now = flat(meta["config"]["model"]), flat(model_cfg)
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k not in RUNTIME_KEYS)
-    if changed:
-        shown = ", ".join(f"model.{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:6])
-        raise UserError(
-            f"this run directory holds a run whose model differs from this one ({shown}), and resume=true would "
-            f"continue it from {ckpt_path}. Give the new run its own directory (leave hydra.run.dir out, or pick a "
-            "new one), or resume=false to start over here (its checkpoints are replaced)."
-        )
 
 
 def load_task(ckpt_path: str, meta: dict):

@@ -45,19 +45,22 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from attnlab.cli import builders
+    from attnlab.resume import read_run_metadata
     from attnlab.cli.app import begin
     from attnlab.cli.checks import check_config
     from attnlab.errors import UserError
     from attnlab.protocols import data as data_hooks
     from attnlab.protocols import task as task_hooks
+    from attnlab.cli.plan import make_plan
     from attnlab.settings import RunSettings
 
     log = logging.getLogger("attnlab")
     begin(cfg)
     check_config(cfg)  # the split, the trainer's and loggers' settings
-    run = RunSettings.of(cfg)
+    plan = make_plan(cfg)  # the run keys and the trainer's devices and precision, decided once
+    run = plan.run
     ckpt = builders.required_checkpoint(cfg, "eval.py")
-    meta = builders.read_run_metadata(ckpt)
+    meta = read_run_metadata(ckpt)
     run_cfg = OmegaConf.create(meta["config"])
     L.seed_everything(RunSettings.of(run_cfg).seed if "seed" in run_cfg else run.seed, workers=True)
     data_cfg = OmegaConf.merge(run_cfg.data, cfg.get("data") or {})
@@ -70,7 +73,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                         f"{type(model).__name__}: leave them out.")
     if decode:
         settings |= decode
-    trainer = builders.build_trainer(cfg, [RichProgressBar()], builders.build_loggers(cfg), model)
+    trainer = builders.build_trainer(cfg, plan, [RichProgressBar()], builders.build_loggers(cfg), model)
     evaluate_on = trainer.test if run.split == "test" else trainer.validate
     metrics = {k: float(v) for k, v in evaluate_on(model, datamodule=dm, verbose=True)[0].items()
                if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint

@@ -51,6 +51,7 @@ def export(cfg: DictConfig) -> Path:
     from safetensors.torch import save_model
 
     from attnlab.cli import builders
+    from attnlab.resume import read_run_metadata
     from attnlab.cli.app import begin
     from attnlab.errors import UserError
     from attnlab.nn.registry import network_settings
@@ -61,7 +62,7 @@ def export(cfg: DictConfig) -> Path:
     if fmt not in FORMATS:
         raise UserError(f"format={fmt} is not an export format attnlab writes: use {' or '.join(FORMATS)}.")
     ckpt = builders.required_checkpoint(cfg, "export.py")
-    meta = builders.read_run_metadata(ckpt)
+    meta = read_run_metadata(ckpt)
     model = builders.load_task(ckpt, meta)
     net = task_hooks.network(model)
     if net is None:

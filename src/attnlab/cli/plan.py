@@ -1,18 +1,68 @@
-"""What a run decides from its config once, before anything is built or saved, and writes back into the config so
-that everything after it (config.yaml, .hydra/config.yaml, the loggers' hyperparameters, preflight, the Trainer)
-reads the value the run uses."""
+"""The plan of a run: its typed settings and what is decided from them, once, before anything is built or saved.
+
+`make_plan(cfg)` runs in each entry point right after the command line is checked. It reads the platform's own keys
+once (the run keys, the trainer, the paths, the model's platform keys) and decides:
+- the devices: the one device check, the device count, whether the run is on a GPU;
+- the precision, following that accelerator: a mixed precision that came with a preset (`trainer=ddp`, `multinode`)
+  becomes 32-true on the CPU; one given on the command line is kept (and warned about);
+- the accumulation that gives `global_batch_size`;
+- whether the strategy shards the model (FSDP) and writes its own checkpoints, and whether a callback averages the
+  weights (EMA, SWA), which sharding refuses.
+Each decision is written back into the config (the trainer's node and `.hydra/config.yaml`), so config.yaml, the
+loggers' hyperparameters, preflight and the Trainer all read the value the run uses. What comes after takes the plan
+(or plain values from it), not the config; `hydra.utils.instantiate` keeps the `_target_` nodes.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.devices import check_devices, device_count
 from attnlab.errors import UserError
+from attnlab.settings import ModelKeys, RunSettings
 
 log = logging.getLogger("attnlab")
+MIXED = ("bf16-mixed", "bf16", "16-mixed", "16")
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    accelerator: str  # as configured (auto, cpu, gpu, ...)
+    on_gpu: bool  # decided: the run is on CUDA GPUs
+    devices: int  # per node
+    num_nodes: int
+    precision: str  # decided: follows the accelerator
+    accumulate_grad_batches: int
+    strategy: Any  # trainer.strategy as plain values (a name, a `_target_` dict) or None
+    sharded: bool  # FSDP
+    writes_own_checkpoints: bool  # FSDP, DeepSpeed: no atomic checkpoint IO plugin
+
+    @property
+    def processes(self) -> int:
+        return self.devices * self.num_nodes
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run: RunSettings
+    trainer: TrainerPlan
+    model: ModelKeys
+    model_target: str
+    output_dir: Path
+    log_dir: Path
+    cache_dir: str | None
+    averages_weights: bool = False
+    force: bool = False  # extras.force: a run the memory estimate refuses starts anyway
+    decided: dict[str, Any] = field(default_factory=dict)  # what the plan changed in the config, by key
+    checkpoints: Path | None = None  # the checkpoint folder (callbacks.model_checkpoint.dirpath)
+    # a training run's (plan_training): what it continues from; what the weights of model.init_from fix
+    resume: Any = None  # attnlab.resume.ResumePoint
+    init_tokenizer: str | None = None
+    init_settings: dict[str, Any] = field(default_factory=dict)
 
 
 def accumulation_for(global_batch_size: int, batch_size: int, devices: int, nodes: int) -> int:
@@ -27,27 +77,98 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
     return global_batch_size // per_step
 
 
-def decide_accumulation(cfg: DictConfig) -> None:
-    """`global_batch_size` -> `trainer.accumulate_grad_batches`, decided once, before the run's config is saved:
-    config.yaml, .hydra/config.yaml, the loggers' hyperparameters, preflight and the Trainer all read the value the
-    run uses."""
-    if not cfg.get("global_batch_size"):
-        return
-    trainer_cfg = cfg.trainer
-    check_devices(trainer_cfg)
-    accumulate = accumulation_for(int(cfg.global_batch_size), int(cfg.data.batch_size),
-                                  device_count(trainer_cfg), int(trainer_cfg.get("num_nodes", 1)))
-    with open_dict(trainer_cfg):
-        trainer_cfg.accumulate_grad_batches = accumulate
-    log.info("global_batch_size=%d: accumulating gradients over %d batches", cfg.global_batch_size, accumulate)
-    hydra_config = Path(cfg.paths.output_dir) / ".hydra" / "config.yaml"  # the composed config --rerun reads
-    if hydra_config.is_file():
-        from omegaconf import OmegaConf
+def make_plan(cfg: DictConfig) -> RunPlan:
+    """The run's plan from its checked config, each decision written back into it (module docstring)."""
+    from attnlab.devices import check_devices, device_count, uses_gpu
+    from attnlab.memory import averages_weights
+    from attnlab.strategies import is_fsdp, writes_own_checkpoints
 
+    run = RunSettings.of(cfg)
+    # predict.py has no trainer: its `device` (auto, cpu, cuda[:n]) names the accelerator
+    t = OmegaConf.to_container(cfg.trainer, resolve=True) if "trainer" in cfg else \
+        {"accelerator": "gpu" if str(cfg.get("device", "auto")).startswith("cuda") else cfg.get("device", "auto")}
+    accelerator, devices = str(t.get("accelerator") or "auto"), t.get("devices", 1)
+    on_gpu = uses_gpu(accelerator)
+    decided: dict[str, Any] = {}
+    precision = str(t.get("precision") or "32-true")
+    if not on_gpu and precision in MIXED and not _given("trainer.precision"):
+        decided["precision"] = precision = "32-true"
+        log.info("trainer.precision=32-true: the run is on the CPU (the preset's %s is for GPUs; "
+                 "trainer.precision=%s keeps it)", t.get("precision"), t.get("precision"))
+    check_devices(accelerator, devices, precision)  # the one device check
+    count, nodes = device_count(accelerator, devices), int(t.get("num_nodes") or 1)
+    accumulate = int(t.get("accumulate_grad_batches") or 1)
+    if run.global_batch_size:
+        accumulate = accumulation_for(run.global_batch_size, int(cfg.data.batch_size), count, nodes)
+        decided["accumulate_grad_batches"] = accumulate
+        log.info("global_batch_size=%d: accumulating gradients over %d batches", run.global_batch_size, accumulate)
+    strategy = t.get("strategy") or None
+    paths = cfg.get("paths") or {}
+    model = cfg.get("model") or {}
+    callbacks = OmegaConf.to_container(cfg.callbacks, resolve=False) if cfg.get("callbacks") else {}
+    plan = RunPlan(
+        run=run,
+        trainer=TrainerPlan(accelerator, on_gpu, count, nodes, precision, accumulate, strategy, is_fsdp(strategy),
+                            writes_own_checkpoints(strategy)),
+        model=ModelKeys(**{k: model.get(k) for k in ("monitor", "monitor_mode", "compile", "activation_checkpointing")
+                           if model.get(k) is not None}),
+        model_target=str(model.get("_target_", "")),
+        output_dir=Path(str(paths.get("output_dir") or ".")), log_dir=Path(str(paths.get("log_dir") or ".")),
+        cache_dir=paths.get("cache_dir"),
+        averages_weights=averages_weights(callbacks), force=bool((cfg.get("extras") or {}).get("force")),
+        decided=decided, checkpoints=Path(str(((cfg.get("callbacks") or {}).get("model_checkpoint") or {}).get(
+            "dirpath") or Path(str(paths.get("output_dir") or ".")) / "checkpoints")))
+    _write_back(cfg, decided)
+    return plan
+
+
+def plan_training(cfg: DictConfig) -> RunPlan:
+    """A training run's plan: make_plan's, with the checkpoint it continues from (ckpt_path=, or its run directory's
+    own last.ckpt; read and checked against the task: attnlab.resume) and what the weights `model.init_from` names
+    fix: the tokenizer the data is read with and the network's settings (written into cfg.model, so config.yaml
+    says what was built)."""
+    import dataclasses
+
+    from attnlab.cli import builders
+    from attnlab.resume import resume_point
+
+    plan = make_plan(cfg)
+    run = plan.run
+    resume = resume_point(run.ckpt_path, plan.log_dir, run.task_name, plan.checkpoints, run.train, run.resume,
+                          plan.model_target)
+    settings = builders.init_settings(cfg, builders.model_class(plan.model_target)) if cfg.model.get("init_from") \
+        else {}
+    return dataclasses.replace(plan, resume=resume, init_tokenizer=builders.init_tokenizer(cfg),
+                               init_settings=settings)
+
+
+def _given(key: str) -> bool:
+    """Whether the command line sets `key` (Hydra's task overrides). Outside a Hydra run (a config composed in
+    Python) every value counts as given: it is kept as it is."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return True
+        return any(o.lstrip("+~").partition("=")[0] == key for o in HydraConfig.get().overrides.task)
+    except Exception:
+        return True
+
+
+def _write_back(cfg: DictConfig, decided: dict[str, Any]) -> None:
+    """The decisions into cfg.trainer and into the composed config that --rerun reads (.hydra/config.yaml)."""
+    if not decided or "trainer" not in cfg:
+        return
+    with open_dict(cfg.trainer):
+        for key, value in decided.items():
+            cfg.trainer[key] = value
+    hydra_config = Path(str(cfg.paths.output_dir)) / ".hydra" / "config.yaml"
+    if hydra_config.is_file():
         from attnlab.utils.atomic import write_text
 
         composed = OmegaConf.load(hydra_config)
         if "trainer" in composed:
             with open_dict(composed):
-                composed.trainer.accumulate_grad_batches = accumulate
+                for key, value in decided.items():
+                    composed.trainer[key] = value
             write_text(hydra_config, OmegaConf.to_yaml(composed))

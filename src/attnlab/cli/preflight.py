@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.protocols import data as data_hooks
 from attnlab.protocols import task as task_hooks
@@ -217,13 +217,15 @@ def _largest_batch_gpu(trainer_factory, model, dm, start: int, trials: int = SEA
 
 
 # ---- the preflight
-def preflight(cfg: DictConfig, model, dm) -> None:
+def preflight(cfg: DictConfig, plan, model, dm) -> None:
     from attnlab.cli import builders
     from attnlab.memory import check_run_memory, peak_memory
     from attnlab.utils.flops import device_peak_flops
 
-    steps = RunSettings.of(cfg).preflight_steps
-    estimate = check_run_memory(cfg, model, dm, refuse=False)
+    steps = plan.run.preflight_steps
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    estimate = check_run_memory(plan, model, dm, optimizer=resolved.get("optimizer"), data=resolved["data"],
+                                refuse=False)
     params = builders.count_parameters(model)
     timer = StepTimer(task_hooks.flops_per_sample(model))
 
@@ -233,7 +235,7 @@ def preflight(cfg: DictConfig, model, dm) -> None:
             run.trainer.update(max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
                                fast_dev_run=False, enable_checkpointing=False, enable_progress_bar=False,
                                enable_model_summary=False)
-        return builders.build_trainer(run, list(callbacks), [], model)
+        return builders.build_trainer(run, plan, list(callbacks), [], model)
 
     report = Report(params=params["model/params_total"], device="")
     report.estimate, report.available = estimate, estimate.available if estimate is not None else None

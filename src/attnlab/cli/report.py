@@ -8,39 +8,37 @@ import os
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig
-
-from attnlab.settings import RunSettings
 
 log = logging.getLogger("attnlab")
 
 
-def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
-    """The value train.py returns to sweepers: the run's `optimized_metric`; None when it is missing or NaN."""
-    value = metrics.get(RunSettings.of(cfg).optimized_metric or "")
+def optimized_value(plan, metrics: dict[str, float]) -> float | None:
+    """The value train.py returns to sweepers: the run's `optimized_metric` (its plan: cli/plan.py); None when it is
+    missing or NaN."""
+    value = metrics.get(plan.run.optimized_metric or "")
     return None if value is None or math.isnan(value) else value
 
 
-def add_best_of_monitor(cfg: DictConfig, metrics: dict[str, float], trainer) -> None:
+def add_best_of_monitor(plan, metrics: dict[str, float], trainer) -> None:
     """`<monitor>_best`, which sweepers optimize, for a LightningModule that logs only `<monitor>` (a user's own):
     the best score the checkpoint callback saw."""
-    key = f"{cfg.model.get('monitor')}_best"
+    key = f"{plan.model.monitor}_best"
     ckpt = trainer.checkpoint_callback
     if key not in metrics and isinstance(ckpt, ModelCheckpoint) and ckpt.best_model_score is not None:
         metrics[key] = float(ckpt.best_model_score)
 
 
-def finished_already(cfg: DictConfig, out_dir: Path, step: int) -> float | None:
+def finished_already(plan, out_dir: Path, step: int) -> float | None:
     """A run started again in the directory of a run that had finished: nothing to do, its results stand."""
     import json
 
     metrics = json.loads((out_dir / "metrics.json").read_text())
     log.info("this run directory holds a finished run (step %d): nothing left to train; its results in %s stand "
              "(resume=false starts over)", step, out_dir / "metrics.json")
-    return optimized_value(cfg, metrics)
+    return optimized_value(plan, metrics)
 
 
-def report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path, estimate=None) -> None:
+def report(plan, metrics: dict[str, float], trainer, out_dir: Path, estimate=None) -> None:
     import json
 
     from attnlab.memory import GiB, peak_memory
@@ -55,15 +53,15 @@ def report(cfg: DictConfig, metrics: dict[str, float], trainer, out_dir: Path, e
     if metrics.get("test_is_validation"):
         lines.append("  test/* are measured on the validation split (this data has no held-out test split; the best "
                      "checkpoint was chosen on it): not a held-out test score")
-    summary = "\n".join([f"Results of {RunSettings.of(cfg).task_name}:", *lines, f"  run directory: {out_dir}"]
+    summary = "\n".join([f"Results of {plan.run.task_name}:", *lines, f"  run directory: {out_dir}"]
                         + ([f"  best checkpoint: {ckpt}"] if ckpt else []))
     if "test/acc" in metrics:
         summary += f"\nTest accuracy: {100 * metrics['test/acc']:.2f}%"
     log.info(summary)
-    _append_sweep_row(cfg, metrics, out_dir)
+    _append_sweep_row(plan, metrics, out_dir)
 
 
-def _append_sweep_row(cfg: DictConfig, metrics: dict[str, float], out_dir: Path) -> None:
+def _append_sweep_row(plan, metrics: dict[str, float], out_dir: Path) -> None:
     """In a multirun (a grid or an Optuna sweep), one row per job in <sweep dir>/results.csv: the job number, its
     overrides, the optimized metric and the run's main results."""
     from hydra.core.hydra_config import HydraConfig
@@ -72,7 +70,7 @@ def _append_sweep_row(cfg: DictConfig, metrics: dict[str, float], out_dir: Path)
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
     hc = HydraConfig.get()
-    target = RunSettings.of(cfg).optimized_metric or ""
+    target = plan.run.optimized_metric or ""
     row = {"job": hc.job.num, "overrides": " ".join(hc.overrides.task), "metric": target,
            "value": metrics.get(target, float("nan")), "run_dir": str(out_dir)}
     row |= {k: v for k, v in sorted(metrics.items()) if k.startswith(("val/", "test/")) and not k.endswith("_step")}

@@ -83,24 +83,20 @@ def _compose(cfg: DictConfig) -> float | None:
 
 def train(cfg: DictConfig) -> float | None:
     """Check, build, fit, test, report. -> the run's `optimized_metric` (for sweepers), None when it has none."""
-    from pathlib import Path
 
     from omegaconf import OmegaConf
 
     from attnlab.cli.app import begin
     from attnlab.cli.checks import check_config
     from attnlab.config import check_schedule_keys
-    from attnlab.errors import UserError
-    from attnlab.settings import RunSettings
+    from attnlab.cli.plan import plan_training
 
     # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
     begin(cfg)  # a model/data pair of other kinds is refused there
     check_schedule_keys(cfg)
     check_config(cfg)  # every constructor's keys, types and ranges
-    run = RunSettings.of(cfg)
-    from attnlab.cli.plan import decide_accumulation
-
-    decide_accumulation(cfg)  # before anything reads or saves it
+    plan = plan_training(cfg)  # the run's settings and what is decided from them, once, written back into cfg
+    run = plan.run
 
     import lightning as L
 
@@ -112,49 +108,46 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.cli import builders, report
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
+    from attnlab.resume import check_resumable, check_same_model
 
     L.seed_everything(run.seed, workers=True)
-    out_dir = Path(cfg.paths.output_dir)
+    out_dir = plan.output_dir
 
-    # ---- the checkpoint the run continues (ckpt_path=, or its own run directory's) or tests (train=false)
-    ckpt_path = builders.resolve_checkpoint(run.ckpt_path, cfg.paths.log_dir, run.task_name)
-    if not run.train and not ckpt_path:
-        raise UserError("train=false tests a trained model, but no ckpt_path was given: add "
-                        "ckpt_path=<run dir>/checkpoints/best.ckpt (or ckpt_path=last), or drop train=false.")
-    in_run_dir = not ckpt_path and run.train and builders.checkpoint_in_run_dir(cfg)
-    ckpt_path = ckpt_path or in_run_dir or None
-    meta, estimate = {}, None
-    if ckpt_path:
-        meta = builders.read_run_metadata(ckpt_path)
-        builders.check_same_task(meta, cfg.model._target_, ckpt_path, run_dir=bool(in_run_dir))
+    # ---- the checkpoint the run continues (ckpt_path=, or its own run directory's) or tests (train=false): planned
+    ckpt_path, in_run_dir, meta = plan.resume.ckpt_path, plan.resume.in_run_dir, plan.resume.meta
+    estimate = None
 
     # ---- the data, then the task (its sizes from the data's info)
-    dm = builders.build_datamodule(cfg.data, tokenizer=builders.init_tokenizer(cfg))
-    model = builders.build_task(cfg, dm)
+    dm = builders.build_datamodule(cfg.data, tokenizer=plan.init_tokenizer)
+    model = builders.build_task(cfg, dm, plan.init_settings)
+    if plan.model.activation_checkpointing and not plan.trainer.sharded:  # FSDP checkpoints its blocks itself
+        from attnlab.strategies import checkpoint_activations
+
+        checkpoint_activations(model)
     if run.preflight:  # time a few steps, print what the run will cost, write nothing
         from attnlab.cli.preflight import preflight
 
-        return preflight(cfg, model, dm)
+        return preflight(cfg, plan, model, dm)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     if in_run_dir:
-        builders.check_same_model(meta, resolved["model"], ckpt_path)
+        check_same_model(meta, resolved["model"], ckpt_path)
     elif ckpt_path:
-        builders.check_resumable(meta, model, resolved.get("optimizer"), ckpt_path)
+        check_resumable(meta, model, resolved.get("optimizer"), ckpt_path)
     if run.train:
         from attnlab.memory import check_run_memory
 
-        estimate = check_run_memory(cfg, model, dm)  # refuse a run too large for the machine before it starts
+        # refuse a run too large for the machine before it starts
+        estimate = check_run_memory(plan, model, dm, optimizer=resolved.get("optimizer"), data=resolved["data"])
     from attnlab.cli.app import save_resolved_config
 
     save_resolved_config(cfg, out_dir / "config.yaml")
 
     # ---- loggers, callbacks, the Trainer
     loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
-    platform = [RunMetadata(resolved), ResumeDataPosition(), SignalGuard(), PeerWatch(out_dir),
-                JobCost(cfg.paths.get("cache_dir"))]
+    platform = [RunMetadata(resolved), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
-    trainer = builders.build_trainer(cfg, callbacks, loggers, model)
+    trainer = builders.build_trainer(cfg, plan, callbacks, loggers, model)
     for lg in loggers:
         lg.log_hyperparams(resolved | builders.count_parameters(model))
 
@@ -162,7 +155,7 @@ def train(cfg: DictConfig) -> float | None:
     if run.train:
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=False)  # see builders.load_task
         if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
-            return report.finished_already(cfg, out_dir, trainer.global_step)
+            return report.finished_already(plan, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
 
     # ---- test the best checkpoint (or the checkpoint train=false names)
@@ -180,10 +173,10 @@ def train(cfg: DictConfig) -> float | None:
     metrics = {k: float(v) for k, v in (train_metrics | test_metrics).items()}
     if test_metrics and data_hooks.test_is_validation(dm):  # said with the results (report.report)
         metrics["test_is_validation"] = True
-    report.add_best_of_monitor(cfg, metrics, trainer)
+    report.add_best_of_monitor(plan, metrics, trainer)
     if trainer.is_global_zero:
-        report.report(cfg, metrics, trainer, out_dir, estimate)
-    return report.optimized_value(cfg, metrics)
+        report.report(plan, metrics, trainer, out_dir, estimate)
+    return report.optimized_value(plan, metrics)
 
 
 if __name__ == "__main__":

@@ -96,19 +96,22 @@ def predict(cfg: DictConfig):
     from omegaconf import OmegaConf
 
     from attnlab.cli import builders
+    from attnlab.resume import read_run_metadata
     from attnlab.errors import UserError
 
     from attnlab.cli.app import begin
+
+    from attnlab.cli.plan import make_plan
 
     begin(cfg)
     ckpt = builders.required_checkpoint(cfg, "predict.py")
     device = str(cfg.get("device", "auto"))
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if make_plan(cfg).trainer.on_gpu else "cpu"
     elif device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={device}, but this machine has no CUDA GPU visible to PyTorch: use device=cpu "
                         "(or device=auto, which takes a GPU when there is one).")
-    meta = builders.read_run_metadata(ckpt)
+    meta = read_run_metadata(ckpt)
     model = builders.load_task(ckpt, meta)
     model = model.to(device).eval()
     return predictor_for(type(model))(model, cfg, OmegaConf.create(meta["config"]))

@@ -1,0 +1,49 @@
+"""The plan of a run (cli/plan.py): decided once from the checked config and recorded as decided. The precision
+follows the accelerator the plan decides (a GPU preset's mixed precision on CPUs becomes 32-true, a precision given
+on the command line is kept), and the config, the loggers' hyperparameters and lineage.json say what ran."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import compose_cfg, run_cli
+from test_rerun import TINY, _runs
+
+
+@pytest.mark.slow
+def test_a_gpu_presets_mixed_precision_becomes_32_true_on_cpus_unless_given(tmp_path, log_env):
+    ddp_on_cpu = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=1", "data.num_workers=0", *TINY]
+    out = run_cli("train.py", *ddp_on_cpu, f"hydra.run.dir={tmp_path / 'preset'}", env=log_env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "trainer.precision=32-true: the run is on the CPU (the preset's bf16-mixed is for GPUs" in out.stdout
+    run = tmp_path / "preset"
+    for record in ("config.yaml", ".hydra/config.yaml", "csv/hparams.yaml"):
+        assert yaml.safe_load((run / record).read_text())["trainer"]["precision"] == "32-true", record
+    assert json.loads((run / "lineage.json").read_text())["trainer"]["precision"] == "32-true"
+
+    given = run_cli("train.py", *ddp_on_cpu, "trainer.precision=bf16-mixed", f"hydra.run.dir={tmp_path / 'given'}",
+                    env=log_env, timeout=300)
+    assert given.returncode == 0, given.stdout[-3000:]
+    assert "trainer.precision=bf16-mixed on the CPU: most CPUs run bfloat16 far slower" in given.stdout
+    assert yaml.safe_load((tmp_path / "given" / "config.yaml").read_text())["trainer"]["precision"] == "bf16-mixed"
+    assert json.loads((tmp_path / "given" / "lineage.json").read_text())["trainer"]["precision"] == "bf16-mixed"
+
+
+def test_the_plan_decides_each_fact_once(tmp_path):
+    """Devices, precision, accumulation, sharding and weight averaging from one reading of the config; the
+    accumulation written back, so that what is saved and built after it reads the value the run uses."""
+    from attnlab.cli.plan import make_plan
+
+    cfg = compose_cfg(["trainer=ddp_cpu", "global_batch_size=64", "data.batch_size=16"], tmp_path)
+    plan = make_plan(cfg)
+    t = plan.trainer
+    assert (t.accelerator, t.on_gpu, t.devices, t.num_nodes, t.processes) == ("cpu", False, 2, 1, 2)
+    assert t.accumulate_grad_batches == 2 and cfg.trainer.accumulate_grad_batches == 2
+    assert plan.decided == {"accumulate_grad_batches": 2}
+    assert not t.sharded and not t.writes_own_checkpoints and not plan.averages_weights
+    fsdp = make_plan(compose_cfg(["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true",
+                                  "callbacks=ema"], tmp_path))
+    assert fsdp.trainer.sharded and fsdp.trainer.writes_own_checkpoints and fsdp.averages_weights
