@@ -95,6 +95,16 @@ def test_fsdp_wraps_the_blocks_each_network_declares(tmp_path):
         L.Trainer(accelerator="cpu", devices=1, strategy=FSDPStrategy(), logger=False)
 
 
+def _trainer_of(cfg, task) -> dict:
+    """What train.py gives the Trainer for this config and task: its plan, the strategy made for the task."""
+    from attnlab.cli import builders
+    from attnlab.strategies import for_model
+
+    plan = make_plan(cfg)
+    return builders.build_trainer(cfg, plan, [], [], for_model(task, plan.trainer.strategy,
+                                                                plan.model.activation_checkpointing))
+
+
 def test_the_trainer_builder_hands_the_networks_blocks_to_fsdp(tmp_path, monkeypatch, caplog):
     """build_trainer builds the FSDP strategy once the task exists, for attnlab's `trainer=fsdp`, Lightning's own
     FSDPStrategy config and the name `fsdp` alike; a network without block classes is one unit, said in one line."""
@@ -111,21 +121,21 @@ def test_the_trainer_builder_hands_the_networks_blocks_to_fsdp(tmp_path, monkeyp
     for strategy in ("trainer=fsdp", "trainer.strategy=fsdp",
                      "+trainer.strategy={_target_: lightning.pytorch.strategies.FSDPStrategy}"):
         cfg = compose_cfg(["trainer=fsdp", strategy, "model.activation_checkpointing=true"], tmp_path)
-        given = builders.build_trainer(cfg, make_plan(cfg), [], [], gpt)["strategy"]
+        given = _trainer_of(cfg, gpt)["strategy"]
         assert isinstance(given, FSDPStrategy) and given.kwargs["auto_wrap_policy"]._module_classes == {Block}
         assert given._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {Block}, strategy
     unet = Segmenter(net="unet", num_classes=2, in_chans=1, depth=2, base_channels=4)
     with caplog.at_level("INFO", logger="attnlab"):
         fsdp = compose_cfg(["trainer=fsdp"], tmp_path)
-        given = builders.build_trainer(fsdp, make_plan(fsdp), [], [], unet)["strategy"]
+        given = _trainer_of(fsdp, unet)["strategy"]
     assert "auto_wrap_policy" not in given.kwargs
     assert "FSDP: UNet declares no block classes (attnlab.protocols.BlockNetwork): the network is one FSDP unit" \
         in caplog.text
     ddp = compose_cfg(["trainer=ddp_cpu"], tmp_path)
-    assert "strategy" not in builders.build_trainer(ddp, make_plan(ddp), [], [], gpt)
+    assert "strategy" not in _trainer_of(ddp, gpt)
     cfg = compose_cfg(["trainer=fsdp", "callbacks=ema"], tmp_path)  # an average of FSDP's shards: refused
     with pytest.raises(UserError, match=r"callbacks=ema .* trainer=ddp"):
-        builders.build_trainer(cfg, make_plan(cfg), [], [], gpt)
+        _trainer_of(cfg, gpt)
 
 
 def _loss(name: str, task) -> torch.Tensor:

@@ -60,7 +60,7 @@ def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
     prepare(cfg)  # a cache of its own: the step is traced, not read from an earlier test's estimate
     torch.manual_seed(0)
     dm = builders.build_datamodule(cfg.data)
-    task = builders.build_task(cfg, dm)
+    task = builders.build_task(cfg, dm, {})
     state = {k: v.clone() for k, v in task.state_dict().items()}
     rng = torch.get_rng_state()
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -78,7 +78,7 @@ def test_activations_follow_the_batch_and_the_attention_kernel(small_data, tmp_p
         cfg = compose_cfg([*GPT_SMALL, *extra, *FAST], tmp_path, data_dir=small_data)
         prepare(cfg)
         dm = builders.build_datamodule(cfg.data)
-        task = builders.build_task(cfg, dm)
+        task = builders.build_task(cfg, dm, {})
         return memory.activation_bytes(task, memory.sample_batch(dm))
 
     base = act("data.block_size=64", "model.dropout=0.0")
@@ -97,7 +97,7 @@ def test_a_traced_step_is_kept_and_read_back_only_for_the_same_network_and_batch
         cfg = compose_cfg([*GPT_SMALL, *extra, *FAST], tmp_path, data_dir=small_data)
         prepare(cfg)
         dm = builders.build_datamodule(cfg.data)
-        return memory.estimate(builders.build_task(cfg, dm), dm, {}, cache_dir=str(tmp_path / "cache"))
+        return memory.estimate(builders.build_task(cfg, dm, {}), dm, {}, cache_dir=str(tmp_path / "cache"))
 
     first = estimate().terms["activations"]
     assert estimate().terms["activations"] == first and len(traced) == 1  # read back
@@ -183,7 +183,7 @@ def test_training_memory_is_flat_in_corpus_size_and_tokenizing_is_bounded(tmp_pa
 def test_the_reported_cpu_peak_is_the_runs_own_not_its_parents():
     """A train.py started by a large process (a notebook) reports its own peak memory: on Linux ru_maxrss counts the
     parent's memory up to the exec, so it is read from VmHWM."""
-    child = ("import resource, torch; from attnlab.memory import peak_memory; "
+    child = ("import resource, torch; from attnlab.cli.report import peak_memory; "
              "print(peak_memory(torch.device('cpu'))[1], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
     parent = (f"import subprocess, sys; x = bytearray(1536 << 20); x[::4096] = b'1' * len(x[::4096]); "
               f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)")

@@ -9,8 +9,9 @@ import json
 import pytest
 import yaml
 
+from attnlab.errors import UserError
 from conftest import compose_cfg, run_cli
-from test_rerun import TINY, _runs
+from test_rerun import TINY
 
 
 @pytest.mark.slow
@@ -44,6 +45,9 @@ def test_the_plan_decides_each_fact_once(tmp_path):
     assert t.accumulate_grad_batches == 2 and cfg.trainer.accumulate_grad_batches == 2
     assert plan.decided == {"accumulate_grad_batches": 2}
     assert not t.sharded and not t.writes_own_checkpoints and not plan.averages_weights
-    fsdp = make_plan(compose_cfg(["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true",
-                                  "callbacks=ema"], tmp_path))
-    assert fsdp.trainer.sharded and fsdp.trainer.writes_own_checkpoints and fsdp.averages_weights
+    fsdp = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"]
+    sharded = make_plan(compose_cfg(fsdp, tmp_path))
+    assert sharded.trainer.sharded and sharded.trainer.writes_own_checkpoints and not sharded.averages_weights
+    assert make_plan(compose_cfg(["trainer=ddp_cpu", "callbacks=ema"], tmp_path)).averages_weights
+    with pytest.raises(UserError, match=r"callbacks=ema .* FSDP's sharded weights cannot be averaged"):
+        make_plan(compose_cfg([*fsdp, "callbacks=ema"], tmp_path))  # refused before anything is built

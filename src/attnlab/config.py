@@ -39,10 +39,12 @@ def current_target(target: str) -> str:
 
 
 def prepare(cfg: DictConfig) -> None:
-    """What every entry point does first with the composed config: import the user's modules, then fill in the
-    platform keys a node leaves out. Cheap and idempotent."""
+    """What every entry point does first with the composed config: import the user's modules, fill in the
+    platform keys a node leaves out, and refuse scheduler keys the chosen schedule does not take. Cheap and
+    idempotent."""
     import_user_modules((cfg.get("extras") or {}).get("imports"))
     apply_platform_defaults(cfg)
+    check_schedule_keys(cfg)
 
 
 def apply_platform_defaults(cfg: DictConfig) -> None:

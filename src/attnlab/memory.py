@@ -63,7 +63,7 @@ class MemoryEstimate:
 
 
 # ---- what the machine has
-def _peak_rss() -> int:
+def peak_rss() -> int:
     """This process's own peak resident memory in bytes: VmHWM on Linux (ru_maxrss there also counts the process it
     was started from, up to its exec: a train.py started by a notebook would report the notebook's size), else
     ru_maxrss (bytes on macOS)."""
@@ -86,14 +86,7 @@ def process_rss() -> int:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
-        return _peak_rss()
-
-
-def peak_memory(device: torch.device) -> tuple[str, int]:
-    """("GPU", max_memory_allocated) on a GPU; ("CPU", this process's own peak RSS) otherwise, in bytes."""
-    if device.type == "cuda":
-        return "GPU", torch.cuda.max_memory_allocated(device)
-    return "CPU", _peak_rss()
+        return peak_rss()
 
 
 def mem_available() -> int | None:

@@ -121,6 +121,17 @@ def fsdp_strategy(strategy, model: nn.Module, activation_checkpointing: bool = F
     return instantiate(rest, _partial_=True)(**given)
 
 
+def for_model(model: nn.Module, strategy, activation_checkpointing: bool = False):
+    """What the strategy needs of the task once it is built, done in one place: under FSDP (trainer.strategy, plain
+    values) the FSDP strategy given the network's block classes (`fsdp_strategy`), which checkpoints them itself;
+    under any other strategy None, the blocks checkpointed here when `activation_checkpointing` asks for it."""
+    if is_fsdp(strategy):
+        return fsdp_strategy(strategy, model, activation_checkpointing)
+    if activation_checkpointing:
+        checkpoint_activations(model)
+    return None
+
+
 def checkpoint_activations(model: nn.Module) -> int:
     """Recompute the activations of each block of `model`'s network in the backward pass instead of keeping them
     (torch's checkpoint wrapper around every module of its block classes), for the strategies that do not

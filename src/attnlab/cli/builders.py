@@ -101,7 +101,7 @@ def _target_class(target: str | None, group: str) -> type:
         ) from e
 
 
-def build_task(cfg: DictConfig, dm, init: dict | None = None) -> Any:
+def build_task(cfg: DictConfig, dm, init: dict) -> Any:
     """attnlab's tasks get plain configs for their network, optimizer and schedule, and build them themselves, so
     that `Task.load_from_checkpoint(path)` can rebuild them from the checkpoint alone. Any other LightningModule
     (a `_target_` of the user's) gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its
@@ -110,7 +110,7 @@ def build_task(cfg: DictConfig, dm, init: dict | None = None) -> Any:
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     task_cls = _target_class(model_cfg.pop("_target_", None), "model")
-    model_cfg |= init_settings(cfg, task_cls) if init is None else init  # decided by the plan, when it was made
+    model_cfg |= init  # the settings model.init_from fixes: decided by the run's plan (init_settings)
     kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
@@ -172,9 +172,9 @@ def _parameters(target: str) -> set[str]:
         return set()
 
 
-def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, model=None):
-    """The Trainer of cfg.trainer, as the run's plan (cli/plan.py) decided it; an FSDP strategy gets the block
-    classes of `model`'s network (strategies.py)."""
+def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, strategy=None):
+    """The Trainer of cfg.trainer, as the run's plan (cli/plan.py) decided it; `strategy`: the one made for the task
+    (`strategies.for_model`: FSDP given the network's block classes), in place of trainer.strategy's."""
     trainer_cfg = cfg.trainer
     if plan.trainer.accelerator == "cpu" and isinstance(trainer_cfg.get("devices"), int):
         # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
@@ -187,25 +187,17 @@ def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, model=N
         torch.set_float32_matmul_precision(cfg.get("extras", {}).get("float32_matmul_precision", "high"))
     from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 
-    from attnlab.strategies import fsdp_strategy
-
     extra = {}
     # callbacks.progress_bar=null / callbacks.model_checkpoint=null mean none, not Lightning's default one
     if "enable_progress_bar" not in trainer_cfg:
         extra["enable_progress_bar"] = any(isinstance(c, ProgressBar) for c in callbacks)
     if "enable_checkpointing" not in trainer_cfg:
         extra["enable_checkpointing"] = any(isinstance(c, Checkpoint) for c in callbacks)
-    sharded = model is not None and plan.trainer.sharded and fsdp_strategy(plan.trainer.strategy, model,
-                                                                           plan.model.activation_checkpointing)
-    if sharded:
-        if plan.averages_weights:
-            raise UserError("callbacks=ema (or another callback averaging the weights) keeps a whole copy of the "
-                            "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
-                            "leave the average out (callbacks=default).")
+    if strategy is not None:
         trainer_cfg = trainer_cfg.copy()
         with open_dict(trainer_cfg):
             del trainer_cfg["strategy"]
-        extra["strategy"] = sharded
+        extra["strategy"] = strategy
     plugins = []
     if not trainer_cfg.get("plugins") and not plan.trainer.writes_own_checkpoints:  # sharded: own IO
         from attnlab.callbacks.checkpoint import AtomicCheckpointIO

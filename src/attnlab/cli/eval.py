@@ -73,7 +73,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                         f"{type(model).__name__}: leave them out.")
     if decode:
         settings |= decode
-    trainer = builders.build_trainer(cfg, plan, [RichProgressBar()], builders.build_loggers(cfg), model)
+    from attnlab.strategies import for_model
+
+    strategy = for_model(model, plan.trainer.strategy)
+    trainer = builders.build_trainer(cfg, plan, [RichProgressBar()], builders.build_loggers(cfg), strategy)
     evaluate_on = trainer.test if run.split == "test" else trainer.validate
     metrics = {k: float(v) for k, v in evaluate_on(model, datamodule=dm, verbose=True)[0].items()
                if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint

@@ -106,9 +106,14 @@ def make_plan(cfg: DictConfig) -> RunPlan:
     paths = cfg.get("paths") or {}
     model = cfg.get("model") or {}
     callbacks = OmegaConf.to_container(cfg.callbacks, resolve=False) if cfg.get("callbacks") else {}
+    sharded = is_fsdp(strategy)
+    if sharded and averages_weights(callbacks):
+        raise UserError("callbacks=ema (or another callback averaging the weights) keeps a whole copy of the "
+                        "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
+                        "leave the average out (callbacks=default).")
     plan = RunPlan(
         run=run,
-        trainer=TrainerPlan(accelerator, on_gpu, count, nodes, precision, accumulate, strategy, is_fsdp(strategy),
+        trainer=TrainerPlan(accelerator, on_gpu, count, nodes, precision, accumulate, strategy, sharded,
                             writes_own_checkpoints(strategy)),
         model=ModelKeys(**{k: model.get(k) for k in ("monitor", "monitor_mode", "compile", "activation_checkpointing")
                            if model.get(k) is not None}),

@@ -24,7 +24,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.protocols import data as data_hooks
 from attnlab.protocols import task as task_hooks
-from attnlab.settings import RunSettings
 
 log = logging.getLogger("attnlab")
 WARMUP = 2  # batches before the clock starts: allocator, cudnn autotuning, torch.compile
@@ -126,12 +125,12 @@ def _limited(n: int, limit) -> int:
         int(n * float(limit))
 
 
-def _run_seconds(cfg: DictConfig, dm, train_batches: int, batch_s: float, val_batch_s: float | None
+def _run_seconds(cfg: DictConfig, plan, dm, train_batches: int, batch_s: float, val_batch_s: float | None
                  ) -> tuple[float, dict[str, float]]:
     """(total, {part: seconds}) of the configured run: its optimizer steps (max_steps, or max_epochs of the
     epoch's batches), its validation passes and the test pass."""
     t = cfg.trainer
-    accumulate = int(t.get("accumulate_grad_batches") or 1)
+    accumulate = plan.trainer.accumulate_grad_batches  # decided by the plan (global_batch_size)
     per_epoch = max(1, train_batches)
     max_steps = int(t.get("max_steps") or -1)
     max_epochs = t.get("max_epochs")
@@ -153,7 +152,7 @@ def _run_seconds(cfg: DictConfig, dm, train_batches: int, batch_s: float, val_ba
             passes = int(epochs // int(every or 1)) * per if every else int(epochs) * per
             passes = max(passes, 1)
         parts["validation"] = passes * n_val * val_batch_s
-        if RunSettings.of(cfg).test:
+        if plan.run.test:
             n_test = _loader_len(dm.test_dataloader())
             parts["test"] = _limited(n_test, t.get("limit_test_batches")) * val_batch_s if n_test else 0.0
     return sum(parts.values()), parts
@@ -219,7 +218,8 @@ def _largest_batch_gpu(trainer_factory, model, dm, start: int, trials: int = SEA
 # ---- the preflight
 def preflight(cfg: DictConfig, plan, model, dm) -> None:
     from attnlab.cli import builders
-    from attnlab.memory import check_run_memory, peak_memory
+    from attnlab.cli.report import peak_memory
+    from attnlab.memory import check_run_memory
     from attnlab.utils.flops import device_peak_flops
 
     steps = plan.run.preflight_steps
@@ -235,7 +235,11 @@ def preflight(cfg: DictConfig, plan, model, dm) -> None:
             run.trainer.update(max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
                                fast_dev_run=False, enable_checkpointing=False, enable_progress_bar=False,
                                enable_model_summary=False)
-        return builders.build_trainer(run, plan, list(callbacks), [], model)
+        from attnlab.strategies import for_model
+
+        # a strategy of its own for each trainer (FSDP); blocks checkpointed already are left as they are
+        strategy = for_model(model, plan.trainer.strategy, plan.model.activation_checkpointing)
+        return builders.build_trainer(run, plan, list(callbacks), [], strategy)
 
     report = Report(params=params["model/params_total"], device="")
     report.estimate, report.available = estimate, estimate.available if estimate is not None else None
@@ -258,7 +262,8 @@ def preflight(cfg: DictConfig, plan, model, dm) -> None:
             peak = device_peak_flops(device, trainer.precision) if timer.flops else None
             report.mfu = timer.flops / timed / peak if peak else None
             val_s = timer.val_s[-1] if timer.val_s else None
-            report.run_s, report.run_parts = _run_seconds(cfg, dm, trainer.num_training_batches, report.batch_s, val_s)
+            report.run_s, report.run_parts = _run_seconds(cfg, plan, dm, trainer.num_training_batches,
+                                                          report.batch_s, val_s)
         report.peak = peak_memory(device)
     else:
         report.skipped = "not run: the estimate exceeds what the machine has"

@@ -38,10 +38,22 @@ def finished_already(plan, out_dir: Path, step: int) -> float | None:
     return optimized_value(plan, metrics)
 
 
+def peak_memory(device) -> tuple[str, int]:
+    """The run's peak memory: ("GPU", max_memory_allocated) on a GPU; ("CPU", this process's own peak resident
+    memory) otherwise, in bytes."""
+    if device.type == "cuda":
+        import torch
+
+        return "GPU", torch.cuda.max_memory_allocated(device)
+    from attnlab.memory import peak_rss
+
+    return "CPU", peak_rss()
+
+
 def report(plan, metrics: dict[str, float], trainer, out_dir: Path, estimate=None) -> None:
     import json
 
-    from attnlab.memory import GiB, peak_memory
+    from attnlab.memory import GiB
 
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     lines = [f"  {k:<24} {v:.4f}" for k, v in sorted(metrics.items())

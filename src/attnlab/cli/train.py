@@ -88,12 +88,10 @@ def train(cfg: DictConfig) -> float | None:
 
     from attnlab.cli.app import begin
     from attnlab.cli.checks import check_config
-    from attnlab.config import check_schedule_keys
     from attnlab.cli.plan import plan_training
 
     # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
     begin(cfg)  # a model/data pair of other kinds is refused there
-    check_schedule_keys(cfg)
     check_config(cfg)  # every constructor's keys, types and ranges
     plan = plan_training(cfg)  # the run's settings and what is decided from them, once, written back into cfg
     run = plan.run
@@ -109,6 +107,7 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
     from attnlab.resume import check_resumable, check_same_model
+    from attnlab.strategies import for_model
 
     L.seed_everything(run.seed, workers=True)
     out_dir = plan.output_dir
@@ -120,10 +119,7 @@ def train(cfg: DictConfig) -> float | None:
     # ---- the data, then the task (its sizes from the data's info)
     dm = builders.build_datamodule(cfg.data, tokenizer=plan.init_tokenizer)
     model = builders.build_task(cfg, dm, plan.init_settings)
-    if plan.model.activation_checkpointing and not plan.trainer.sharded:  # FSDP checkpoints its blocks itself
-        from attnlab.strategies import checkpoint_activations
-
-        checkpoint_activations(model)
+    strategy = for_model(model, plan.trainer.strategy, plan.model.activation_checkpointing)  # FSDP, or its blocks
     if run.preflight:  # time a few steps, print what the run will cost, write nothing
         from attnlab.cli.preflight import preflight
 
@@ -147,7 +143,7 @@ def train(cfg: DictConfig) -> float | None:
     platform = [RunMetadata(resolved), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
-    trainer = builders.build_trainer(cfg, plan, callbacks, loggers, model)
+    trainer = builders.build_trainer(cfg, plan, callbacks, loggers, strategy)
     for lg in loggers:
         lg.log_hyperparams(resolved | builders.count_parameters(model))
 
