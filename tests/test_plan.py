@@ -51,3 +51,19 @@ def test_the_plan_decides_each_fact_once(tmp_path):
     assert make_plan(compose_cfg(["trainer=ddp_cpu", "callbacks=ema"], tmp_path)).averages_weights
     with pytest.raises(UserError, match=r"callbacks=ema .* FSDP's sharded weights cannot be averaged"):
         make_plan(compose_cfg([*fsdp, "callbacks=ema"], tmp_path))  # refused before anything is built
+
+
+def test_cfg_job_stays_free_of_torch(tmp_path):
+    """`--cfg job` prints the composed config and imports no torch: the plan is made where the run starts, not
+    where Hydra composes."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"), "trainer=multinode",
+                          "trainer.accelerator=cpu", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "num_nodes: 2" in out.stdout, out.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time")}
+    assert len(imported) > 100 and not imported & {"torch", "lightning", "attnlab.cli.plan"}, sorted(imported)[:50]
