@@ -130,7 +130,10 @@ def test_srun_torchrun_in_a_users_batch_script_trains_under_torchruns_environmen
         slurm("scancel", str(job), check=False)
     out = (tmp_path / f"slurm-{job}.out").read_text()
     folder = the_run_folder(log_dir)
-    assert "Traceback" not in out and "as Lightning's TorchElasticEnvironment numbers it" in out, out[-3000:]
+    # torchrun's agents may log a traceback of their own exit barrier when node 0's agent, which holds their store,
+    # exits first (a race of torch's elastic agent, after every rank has finished): not a run's
+    ours = "\n".join(line for line in out.splitlines() if "torch/distributed/elastic/agent/server/api.py" not in line)
+    assert "Traceback" not in ours and "as Lightning's TorchElasticEnvironment numbers it" in out, out[-3000:]
     assert "SLURMEnvironment" not in out, out[-3000:]
     assert_same_metrics(json.loads((folder / "metrics.json").read_text()), one_process)
 

@@ -40,7 +40,8 @@ def test_a_cpu_sweep_runs_on_its_partition_without_hand_edits(slurm_cluster, log
                   timeout=300)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "attnlab: SLURM partition debug: 1 node x 1 task (trainer.devices=1), 1 CPU per task, no GPU per node, " \
-           "time limit 1440 min, USR1 120 s before it" in out.stdout
+           "time limit 1440 min (the partition's limit: no earlier job of this config on debug to estimate from), " \
+           "USR1 120 s before it" in out.stdout
     sweep = _job_dir(log_env)
     metrics = json.loads((sweep / "0" / "metrics.json").read_text())
     assert {"val/acc", "test/acc"} <= set(metrics)
