@@ -139,14 +139,14 @@ class TrainClock(Callback):
 
 @pytest.mark.slow
 def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, caplog):
-    """global_batch_size=64 over batches of 16 accumulates 4 batches a step: preflight counts 4 x max_steps batches,
+    """global_batch_size=256 over batches of 64 accumulates 4 batches a step: preflight counts 4 x max_steps batches,
     as the run trains them (it read 1 before the plan decided the accumulation), and its estimate of the training
     and validation matches the run's time for them within 20%."""
     from attnlab.cli.training import train
 
     caplog.set_level("INFO", logger="attnlab")
-    steps = ["global_batch_size=64", "data.batch_size=16", "trainer.max_steps=30", "test=false"]
-    train(compose_cfg(["preflight=true", "preflight_steps=20", *steps, *QUICK], tmp_path / "pre"))
+    steps = ["global_batch_size=256", "data.batch_size=64", "trainer.max_steps=150", "test=false"]
+    train(compose_cfg(["preflight=true", "preflight_steps=50", *steps, *QUICK], tmp_path / "pre"))
     m = re.search(r"the configured run  ≈ [\d.]+ (?:s|min) \(([\d.]+) (s|min) training(?: \+ ([\d.]+) (s|min) "
                   r"validation)?", caplog.text)
     assert m, caplog.text[-2000:]
