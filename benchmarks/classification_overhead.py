@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.cli import builders
+from attnlab.cli.plan import make_plan
 from attnlab.config import compose_run
 
 
@@ -37,7 +38,7 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
     cfg = _cfg(overrides, out, epochs)
     torch.manual_seed(cfg.seed)
     dm = builders.build_datamodule(cfg.data)
-    model = builders.build_task(cfg, dm)
+    model = builders.build_task(cfg, dm, {})
     net = model.net
     loader = dm.train_dataloader()
     limit = cfg.trainer.get("limit_train_batches")
@@ -80,11 +81,12 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
 def ours(overrides: list[str], epochs: int, out: Path) -> float:
     """train.py's own code path (callbacks, loggers, progress bar as configured), fit time only."""
     cfg = _cfg(overrides, out, epochs)
+    plan = make_plan(cfg)
     dm = builders.build_datamodule(cfg.data)
-    model = builders.build_task(cfg, dm)
+    model = builders.build_task(cfg, dm, {})
     loggers = builders.build_loggers(cfg)
     clock = _SteadyClock()
-    trainer = builders.build_trainer(cfg, builders.build_callbacks(cfg, bool(loggers)) + [clock], loggers)
+    trainer = builders.build_trainer(cfg, plan, builders.build_callbacks(cfg, bool(loggers)) + [clock], loggers)
     trainer.fit(model, datamodule=dm)
     return (trainer.global_step - clock.step) * dm.batch_size / (time.perf_counter() - clock.start)
 

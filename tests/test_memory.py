@@ -183,8 +183,8 @@ def test_training_memory_is_flat_in_corpus_size_and_tokenizing_is_bounded(tmp_pa
 def test_the_reported_cpu_peak_is_the_runs_own_not_its_parents():
     """A train.py started by a large process (a notebook) reports its own peak memory: on Linux ru_maxrss counts the
     parent's memory up to the exec, so it is read from VmHWM."""
-    child = ("import resource, torch; from attnlab.cli.report import peak_memory; "
-             "print(peak_memory(torch.device('cpu'))[1], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    child = ("import resource, torch; from attnlab.memory import peak_rss; "  # what report.peak_memory reads on CPU
+             "print(peak_rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
     parent = (f"import subprocess, sys; x = bytearray(1536 << 20); x[::4096] = b'1' * len(x[::4096]); "
               f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)")
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
