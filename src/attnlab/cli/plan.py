@@ -103,14 +103,15 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         decided["accumulate_grad_batches"] = accumulate
         log.info("global_batch_size=%d: accumulating gradients over %d batches", run.global_batch_size, accumulate)
     strategy = t.get("strategy") or None
-    paths = cfg.get("paths") or {}
-    model = cfg.get("model") or {}
+    paths, model = cfg.get("paths") or {}, cfg.get("model") or {}
     callbacks = OmegaConf.to_container(cfg.callbacks, resolve=False) if cfg.get("callbacks") else {}
-    sharded = is_fsdp(strategy)
-    if sharded and averages_weights(callbacks):
+    sharded, averaged = is_fsdp(strategy), averages_weights(callbacks)
+    if sharded and averaged:
         raise UserError("callbacks=ema (or another callback averaging the weights) keeps a whole copy of the "
                         "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
                         "leave the average out (callbacks=default).")
+    output_dir = Path(str(paths.get("output_dir") or "."))
+    own_dir = ((cfg.get("callbacks") or {}).get("model_checkpoint") or {}).get("dirpath")
     plan = RunPlan(
         run=run,
         trainer=TrainerPlan(accelerator, on_gpu, count, nodes, precision, accumulate, strategy, sharded,
@@ -118,11 +119,9 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         model=ModelKeys(**{k: model.get(k) for k in ("monitor", "monitor_mode", "compile", "activation_checkpointing")
                            if model.get(k) is not None}),
         model_target=str(model.get("_target_", "")),
-        output_dir=Path(str(paths.get("output_dir") or ".")), log_dir=Path(str(paths.get("log_dir") or ".")),
-        cache_dir=paths.get("cache_dir"),
-        averages_weights=averages_weights(callbacks), force=bool((cfg.get("extras") or {}).get("force")),
-        decided=decided, checkpoints=Path(str(((cfg.get("callbacks") or {}).get("model_checkpoint") or {}).get(
-            "dirpath") or Path(str(paths.get("output_dir") or ".")) / "checkpoints")))
+        output_dir=output_dir, log_dir=Path(str(paths.get("log_dir") or ".")), cache_dir=paths.get("cache_dir"),
+        averages_weights=averaged, force=bool((cfg.get("extras") or {}).get("force")), decided=decided,
+        checkpoints=Path(str(own_dir)) if own_dir else output_dir / "checkpoints")
     _write_back(cfg, decided)
     return plan
 
