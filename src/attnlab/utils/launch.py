@@ -157,7 +157,7 @@ def _through_agent_store(launch: Launch, path: Path) -> tuple[str, str]:
     if folder is None:
         folder, how = atomic.claim_folder(str(path)), "claimed, shared with the other ranks through the agent's store"
     if marker is not None:
-        _write_marker(marker, folder, launch.attempt)
+        _write_marker(marker, folder, launch)
     store.set(STORE_KEY, folder)
     return folder, how
 
