@@ -52,3 +52,16 @@ def test_the_time_limit_and_memory_come_from_the_same_partitions_measurement(tmp
     job = _fit()  # a time limit of one's own is kept
     sizing.size(job, Settings(timeout_min=30), [cfg], [variant], "train", tmp_path)
     assert job.timeout_min == 1440 and job.timeout_from == ""
+
+
+def test_two_variants_whose_estimates_round_to_the_same_minutes_are_sized(tmp_path):
+    """Two variants with records of their own that give the same time limit: the longer is taken, no comparison of
+    the records themselves."""
+    variants = [["model=vit"], ["model=vit_small"]]
+    cfgs = [OmegaConf.create({"trainer": {"max_epochs": 3, "max_steps": -1}})] * 2
+    for variant, job_id in zip(variants, ("9", "10")):
+        estimates.record(tmp_path, "gpu", estimates.fingerprint("train", variant),
+                         estimates.Measured(30, 0.8, 100, 6.0, job_id))
+    job = _fit()
+    sizing.size(job, Settings(mem_gb=AUTO), cfgs, variants, "train", tmp_path)
+    assert job.timeout_min == 8 and "estimated from job" in job.timeout_from and job.mem_gb == 9

@@ -18,7 +18,7 @@ def size(job, s, cfgs: list, variants: list[list[str]], config_name: str, cache_
     if s.timeout_min in (AUTO, None):
         steps = [run_steps(c.trainer, m) for c, m in zip(cfgs, found)] if known else []
         if known and all(n is not None for n in steps):
-            minutes, (m, n) = max((m.time_min(n), (m, n)) for m, n in zip(found, steps))
+            minutes, m, n = max(((m.time_min(n), m, n) for m, n in zip(found, steps)), key=lambda t: t[0])
             how = (f"estimated from job {m.job} on {part.name}: {m.startup_s:.0f} s start-up + {n} steps x "
                    f"{m.step_s:.2f} s, +{TIME_MARGIN - 1:.0%} and {TIME_SLACK_S / 60:.0f} min")
             if part.time_limit_min is not None and minutes > part.time_limit_min:
