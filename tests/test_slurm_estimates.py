@@ -65,3 +65,19 @@ def test_two_variants_whose_estimates_round_to_the_same_minutes_are_sized(tmp_pa
     job = _fit()
     sizing.size(job, Settings(mem_gb=AUTO), cfgs, variants, "train", tmp_path)
     assert job.timeout_min == 8 and "estimated from job" in job.timeout_from and job.mem_gb == 9
+
+
+def test_the_users_own_signal_lead_time_limit_and_memory_are_kept(tmp_path):
+    variant = ["model=vit"]
+    estimates.record(tmp_path, "gpu", estimates.fingerprint("train", variant),
+                     estimates.Measured(30, 0.8, 100, 6.0, "9"))
+    cfg = OmegaConf.create({"trainer": {"max_epochs": 3, "max_steps": -1}})
+    job = _fit()
+    job.signal_delay_s = 600  # launcher.signal_delay_s=600, as fit() checked it against the partition's limit
+    sizing.size(job, Settings(signal_delay_s=600, mem_gb=AUTO), [cfg], [variant], "train", tmp_path)
+    # (30 s + 300 steps x 0.8 s) x 1.25 = 337.5 s of work, then the user's 600 s lead: 16 min; at least twice the lead
+    assert job.signal_delay_s == 600 and job.timeout_min == 20 and job.overrides()["launcher.signal_delay_s"] == 600
+    job = _fit()
+    job.signal_delay_s, job.mem_gb = 30, 12
+    sizing.size(job, Settings(signal_delay_s=30, timeout_min=45, mem_gb=12), [cfg], [variant], "train", tmp_path)
+    assert (job.signal_delay_s, job.timeout_min, job.mem_gb, job.mem_from) == (30, 1440, 12, "")

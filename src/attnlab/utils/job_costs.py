@@ -66,8 +66,11 @@ class Measured:
     peak_gb: float
     job: str = ""
 
-    def time_min(self, steps: int) -> int:
-        return math.ceil((self.startup_s + steps * self.step_s) * TIME_MARGIN / 60 + TIME_SLACK_S / 60)
+    def time_min(self, steps: int, lead_s: float = TIME_SLACK_S) -> int:
+        """The time limit for `steps` steps: the work plus a quarter, and SLURM's warning lead after it (2 minutes,
+        or the run's own `launcher.signal_delay_s` when longer: the run stops at the warning)."""
+        work = (self.startup_s + steps * self.step_s) * TIME_MARGIN
+        return math.ceil((work + max(TIME_SLACK_S, lead_s)) / 60)
 
     def mem_gb(self) -> int:
         return math.ceil(self.peak_gb * MEM_MARGIN + MEM_SLACK_GB)
