@@ -1,6 +1,7 @@
 """The plan of a run (cli/plan.py): decided once from the checked config and recorded as decided. The precision
 follows the accelerator the plan decides (a GPU preset's mixed precision on CPUs becomes 32-true, a precision given
-on the command line is kept), and the config, the loggers' hyperparameters and lineage.json say what ran."""
+on the command line is kept); .hydra/config.yaml keeps what was asked, and config.yaml, the loggers'
+hyperparameters and lineage.json (its `decided`) say what ran."""
 
 from __future__ import annotations
 
@@ -21,21 +22,28 @@ def test_a_gpu_presets_mixed_precision_becomes_32_true_on_cpus_unless_given(tmp_
     assert out.returncode == 0, out.stdout[-3000:]
     assert "trainer.precision=32-true: the run is on the CPU (the preset's bf16-mixed is for GPUs" in out.stdout
     run = tmp_path / "preset"
-    for record in ("config.yaml", ".hydra/config.yaml", "csv/hparams.yaml"):
+    assert yaml.safe_load((run / ".hydra/config.yaml").read_text())["trainer"]["precision"] == "bf16-mixed"  # asked
+    for record in ("config.yaml", "csv/hparams.yaml"):  # what the run used
         assert yaml.safe_load((run / record).read_text())["trainer"]["precision"] == "32-true", record
-    assert json.loads((run / "lineage.json").read_text())["trainer"]["precision"] == "32-true"
+    lineage = json.loads((run / "lineage.json").read_text())
+    assert lineage["trainer"]["precision"] == "32-true"
+    assert lineage["decided"] == {"trainer.precision": {
+        "asked": "bf16-mixed", "decided": "32-true", "on": "cpu",
+        "why": "the run is on the CPU (the preset's bf16-mixed is for GPUs)"}}, lineage["decided"]
 
     given = run_cli("train.py", *ddp_on_cpu, "trainer.precision=bf16-mixed", f"hydra.run.dir={tmp_path / 'given'}",
                     env=log_env, timeout=300)
     assert given.returncode == 0, given.stdout[-3000:]
     assert "trainer.precision=bf16-mixed on the CPU: most CPUs run bfloat16 far slower" in given.stdout
     assert yaml.safe_load((tmp_path / "given" / "config.yaml").read_text())["trainer"]["precision"] == "bf16-mixed"
-    assert json.loads((tmp_path / "given" / "lineage.json").read_text())["trainer"]["precision"] == "bf16-mixed"
+    given_lineage = json.loads((tmp_path / "given" / "lineage.json").read_text())
+    assert given_lineage["trainer"]["precision"] == "bf16-mixed" and given_lineage["decided"] == {}
 
 
 def test_the_plan_decides_each_fact_once(tmp_path):
-    """Devices, precision, accumulation, sharding and weight averaging from one reading of the config; the
-    accumulation written back, so that what is saved and built after it reads the value the run uses."""
+    """Devices, precision, accumulation, sharding and weight averaging from one reading of the config; each
+    decision applied to cfg.trainer (so that what is saved and built after it reads the value the run uses) and
+    recorded with what was asked and why."""
     from attnlab.cli.plan import make_plan
 
     cfg = compose_cfg(["trainer=ddp_cpu", "global_batch_size=64", "data.batch_size=16"], tmp_path)
@@ -43,7 +51,13 @@ def test_the_plan_decides_each_fact_once(tmp_path):
     t = plan.trainer
     assert (t.accelerator, t.on_gpu, t.devices, t.num_nodes, t.processes) == ("cpu", False, 2, 1, 2)
     assert t.accumulate_grad_batches == 2 and cfg.trainer.accumulate_grad_batches == 2
-    assert plan.decided == {"accumulate_grad_batches": 2}
+    assert plan.decided == {"trainer.accumulate_grad_batches": {
+        "asked": 1, "decided": 2, "on": "cpu",
+        "why": "global_batch_size=64 over data.batch_size=16 x 2 device(s) x 1 node(s)"}}
+    auto = make_plan(compose_cfg(["trainer=ddp", "trainer.accelerator=cpu"], tmp_path))
+    assert (auto.trainer.devices, auto.trainer.precision) == (1, "32-true")
+    assert {k: (v["asked"], v["decided"]) for k, v in auto.decided.items()} == {
+        "trainer.precision": ("bf16-mixed", "32-true"), "trainer.devices": ("auto", 1)}
     assert not t.sharded and not t.writes_own_checkpoints and not plan.averages_weights
     fsdp = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"]
     sharded = make_plan(compose_cfg(fsdp, tmp_path))

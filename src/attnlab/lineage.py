@@ -5,7 +5,9 @@ Written as `lineage.json` in the run folder when training starts and again when 
 as `lineage.diff` beside it), and stored in every checkpoint. A run started again in its folder (a requeued SLURM job,
 the same command again) keeps the earlier records under `earlier`: one record per attempt, numbered (`attempt`), each
 with how it ended (`status`: finished, stopped, requeued: time limit, requeued: preempted, ...) and, in a SLURM job,
-the job and how many times SLURM has restarted it (`slurm.restart_count`).
+the job and how many times SLURM has restarted it (`slurm.restart_count`). A training run's record adds the trainer
+as it ran (`trainer`) and what its plan decided on this machine (`decided`: `{key: {asked, decided, why, on}}`,
+callbacks/run_metadata.py), which `--rerun` compares with what it decides (cli/rerun.py).
 `attnlab-compare --diff A B` shows how two runs' lineages differ."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Stores the run's resolved config, W&B run id and lineage in every checkpoint, so a checkpoint alone can be
 evaluated, used for prediction, resumed into the same W&B run, or traced back to the code and machine that made it;
 writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`): one record per attempt of
-the run in its folder (a SLURM job requeued, a run started again), each saying how it ended."""
+the run in its folder (a SLURM job requeued, a run started again), each saying how it ended, with what the run's plan
+decided on this machine (`decided`: `{key: {asked, decided, why, on}}`, cli/plan.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def trainer_as_run(trainer: L.Trainer) -> dict[str, Any]:
 
 
 class RunMetadata(L.Callback):
-    def __init__(self, config: dict[str, Any]):
+    def __init__(self, config: dict[str, Any], decided: dict[str, Any] | None = None):
         self.config = config
+        self.decided = decided or {}  # the plan's decisions (cli/plan.py: RunPlan.decided)
         self.lineage: dict[str, Any] | None = None
 
     def run_dir(self) -> str | None:
@@ -45,6 +47,7 @@ class RunMetadata(L.Callback):
             return
         self.lineage, diff = lineage.collect()
         self.lineage["trainer"] = trainer_as_run(trainer)
+        self.lineage["decided"] = self.decided
         launcher = lineage.launcher_settings()
         if launcher:
             self.lineage["launcher"] = launcher

@@ -2,15 +2,19 @@
 
 `make_plan(cfg)` runs in each entry point right after the command line is checked. It reads the platform's own keys
 once (the run keys, the trainer, the paths, the model's platform keys) and decides:
-- the devices: the one device check, the device count, whether the run is on a GPU;
+- the devices: the one device check, the device count (`trainer.devices=auto`: every GPU of this machine, or one
+  process on the CPU), whether the run is on a GPU;
 - the precision, following that accelerator: a mixed precision that came with a preset (`trainer=ddp`, `multinode`)
   becomes 32-true on the CPU; one given on the command line is kept (and warned about);
 - the accumulation that gives `global_batch_size`;
 - whether the strategy shards the model (FSDP) and writes its own checkpoints, and whether a callback averages the
   weights (EMA, SWA), which sharding refuses.
-Each decision is written back into the config (the trainer's node and `.hydra/config.yaml`), so config.yaml, the
-loggers' hyperparameters, preflight and the Trainer all read the value the run uses. What comes after takes the plan
-(or plain values from it), not the config; `hydra.utils.instantiate` keeps the `_target_` nodes.
+What was asked and what was decided are kept apart. `.hydra/config.yaml` stays as Hydra composed it (what `--rerun`
+reads, so that a rerun is decided again on its own machine); each decision goes into the config in memory
+(cfg.trainer), so the run folder's config.yaml, the loggers' hyperparameters, preflight and the Trainer read the
+value the run uses, and `plan.decided` (`{key: {asked, decided, why, on}}`) goes into lineage.json as `decided`.
+What comes after takes the plan (or plain values from it), not the config; `hydra.utils.instantiate` keeps the
+`_target_` nodes.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class RunPlan:
     cache_dir: str | None
     averages_weights: bool = False
     force: bool = False  # extras.force: a run the memory estimate refuses starts anyway
-    decided: dict[str, Any] = field(default_factory=dict)  # what the plan changed in the config, by key
+    # what the plan changed in the config: {"trainer.precision": {"asked", "decided", "why", "on"}, ...}
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoints: Path | None = None  # the checkpoint folder (callbacks.model_checkpoint.dirpath)
     # a training run's (plan_training): what it continues from; what the weights of model.init_from fix
     resume: Any = None  # attnlab.resume.ResumePoint
@@ -78,7 +83,7 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
 
 
 def make_plan(cfg: DictConfig) -> RunPlan:
-    """The run's plan from its checked config, each decision written back into it (module docstring)."""
+    """The run's plan from its checked config, each decision applied to cfg.trainer (module docstring)."""
     from attnlab.devices import check_devices, device_count, uses_gpu
     from attnlab.memory import averages_weights
     from attnlab.strategies import is_fsdp, writes_own_checkpoints
@@ -89,18 +94,28 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         {"accelerator": "gpu" if str(cfg.get("device", "auto")).startswith("cuda") else cfg.get("device", "auto")}
     accelerator, devices = str(t.get("accelerator") or "auto"), t.get("devices", 1)
     on_gpu = uses_gpu(accelerator)
-    decided: dict[str, Any] = {}
+    on = "gpu" if on_gpu else "cpu" if accelerator in ("auto", "cpu") else accelerator
+    decided: dict[str, dict[str, Any]] = {}
+
+    def decide(key: str, value: Any, why: str) -> Any:
+        decided[f"trainer.{key}"] = {"asked": t.get(key), "decided": value, "why": why, "on": on}
+        return value
+
     precision = str(t.get("precision") or "32-true")
     if not on_gpu and precision in MIXED and not _given("trainer.precision"):
-        decided["precision"] = precision = "32-true"
+        precision = decide("precision", "32-true", f"the run is on the CPU (the preset's {precision} is for GPUs)")
         log.info("trainer.precision=32-true: the run is on the CPU (the preset's %s is for GPUs; "
                  "trainer.precision=%s keeps it)", t.get("precision"), t.get("precision"))
     check_devices(accelerator, devices, precision)  # the one device check
     count, nodes = device_count(accelerator, devices), int(t.get("num_nodes") or 1)
+    if devices in ("auto", -1, "-1") and "trainer" in cfg:
+        decide("devices", count, "every GPU of this machine" if on_gpu else "one process")
     accumulate = int(t.get("accumulate_grad_batches") or 1)
     if run.global_batch_size:
-        accumulate = accumulation_for(run.global_batch_size, int(cfg.data.batch_size), count, nodes)
-        decided["accumulate_grad_batches"] = accumulate
+        accumulate = decide("accumulate_grad_batches",
+                            accumulation_for(run.global_batch_size, int(cfg.data.batch_size), count, nodes),
+                            f"global_batch_size={run.global_batch_size} over data.batch_size={cfg.data.batch_size}"
+                            f" x {count} device(s) x {nodes} node(s)")
         log.info("global_batch_size=%d: accumulating gradients over %d batches", run.global_batch_size, accumulate)
     strategy = t.get("strategy") or None
     paths, model = cfg.get("paths") or {}, cfg.get("model") or {}
@@ -122,7 +137,7 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         output_dir=output_dir, log_dir=Path(str(paths.get("log_dir") or ".")), cache_dir=paths.get("cache_dir"),
         averages_weights=averaged, force=bool((cfg.get("extras") or {}).get("force")), decided=decided,
         checkpoints=Path(str(own_dir)) if own_dir else output_dir / "checkpoints")
-    _write_back(cfg, decided)
+    _apply(cfg, decided)
     return plan
 
 
@@ -133,10 +148,11 @@ def plan_training(cfg: DictConfig) -> RunPlan:
     says what was built)."""
     import dataclasses
 
-    from attnlab.cli import builders
+    from attnlab.cli import builders, rerun
     from attnlab.resume import resume_point
 
     plan = make_plan(cfg)
+    rerun.warn_decisions(cfg, plan.decided)  # a --rerun: where this machine decided otherwise than the run's
     run = plan.run
     resume = resume_point(run.ckpt_path, plan.log_dir, run.task_name, plan.checkpoints, run.train, run.resume,
                           plan.model_target)
@@ -147,32 +163,27 @@ def plan_training(cfg: DictConfig) -> RunPlan:
 
 
 def _given(key: str) -> bool:
-    """Whether the command line sets `key` (Hydra's task overrides). Outside a Hydra run (a config composed in
-    Python) every value counts as given: it is kept as it is."""
+    """Whether the command line sets `key` (Hydra's task overrides; in a `--rerun`, the run's own overrides and the
+    keys changed on purpose). Outside a Hydra run (a config composed in Python) every value counts as given: it is
+    kept as it is."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
+        from attnlab.cli import rerun
+
         if not HydraConfig.initialized():
             return True
-        return any(o.lstrip("+~").partition("=")[0] == key for o in HydraConfig.get().overrides.task)
+        given = [*HydraConfig.get().overrides.task, *rerun.asked()]
+        return any(str(o).lstrip("+~").partition("=")[0] == key for o in given)
     except Exception:
         return True
 
 
-def _write_back(cfg: DictConfig, decided: dict[str, Any]) -> None:
-    """The decisions into cfg.trainer and into the composed config that --rerun reads (.hydra/config.yaml)."""
+def _apply(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
+    """The decisions into cfg.trainer, where config.yaml, the loggers and the Trainer read them. `.hydra/config.yaml`
+    keeps what was asked (module docstring)."""
     if not decided or "trainer" not in cfg:
         return
     with open_dict(cfg.trainer):
-        for key, value in decided.items():
-            cfg.trainer[key] = value
-    hydra_config = Path(str(cfg.paths.output_dir)) / ".hydra" / "config.yaml"
-    if hydra_config.is_file():
-        from attnlab.utils.atomic import write_text
-
-        composed = OmegaConf.load(hydra_config)
-        if "trainer" in composed:
-            with open_dict(composed):
-                for key, value in decided.items():
-                    composed.trainer[key] = value
-            write_text(hydra_config, OmegaConf.to_yaml(composed))
+        for key, entry in decided.items():
+            cfg.trainer[key.removeprefix("trainer.")] = entry["decided"]

@@ -2,8 +2,13 @@
 
 The config is the one the run composed (`<run dir>/.hydra/config.yaml`, interpolations unresolved), not a new
 composition of its overrides, so configs edited since, or a job of a sweep (its swept values are in that file), are
-reproduced as they ran. Paths (`paths.*`, the run folder) resolve anew. Where the lineage of this machine differs from
-the run's (the code's commit or uncommitted changes, package versions, the hardware), one warning line per key."""
+reproduced as they ran. That file holds what the run asked for, not what its plan decided (cli/plan.py): the plan
+decides again on this machine (a preset's bf16-mixed that became 32-true on a CPU is bf16-mixed on a GPU), and where
+a decision differs from the run's (its lineage.json `decided`, else its config.yaml), one warning line per key:
+`rerun: trainer.precision: the original run used 32-true (decided on cpu), this one bf16-mixed (as asked)`. A run
+written before decisions were kept apart has them in its .hydra/config.yaml, and is trained with them as they are.
+Paths (`paths.*`, the run folder) resolve anew. Where the lineage of this machine differs from the run's (the code's
+commit or uncommitted changes, package versions, the hardware), one warning line per key."""
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ FLAG = "--rerun"
 RERUN_ENV, SWEEP_COMMAND_ENV = "ATTNLAB_RERUN_OF", "ATTNLAB_SWEEP_COMMAND"
 # lineage keys whose difference can change results
 _COMPARED = ("attnlab", "git.commit", "git.dirty", "python", "packages.", "accelerator.")
+# in a rerun (set by `config`): the run folder, and the keys the run and this command line give (Hydra's own task
+# overrides are only the rerun's task_name)
+_run_dir: Path | None = None
+_asked: list[str] = []
 
 
 def split_argv(argv: list[str]) -> tuple[Path | None, list[str]]:
@@ -87,12 +96,14 @@ def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
         OmegaConf.update(cfg, key, yaml_value(value), force_add=arg.startswith("+"))
     from attnlab.utils.atomic import write_text
 
+    global _run_dir, _asked
+    src = run_dir / ".hydra" / "overrides.yaml"
+    job = [str(o) for o in OmegaConf.load(src)] if src.is_file() else []
+    _run_dir, _asked = run_dir, [*job, *extra]
     hydra_dir = out_dir / ".hydra"
     if hydra_dir.is_dir():
         write_text(hydra_dir / "config.yaml", OmegaConf.to_yaml(cfg))
-        src = run_dir / ".hydra" / "overrides.yaml"
-        job = OmegaConf.load(src) if src.is_file() else []
-        write_text(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create([*job, *extra])))
+        write_text(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(_asked)))
     log.info(f"rerun of {run_dir}: its own config{' with ' + ' '.join(extra) if extra else ''}, into {out_dir}")
     warn_lineage(run_dir)
     return cfg
@@ -127,6 +138,42 @@ def lineage_differences(run_dir: Path) -> list[tuple[str, Any, Any]]:
 def warn_lineage(run_dir: Path) -> None:
     for key, was, now in lineage_differences(run_dir):
         log.warning(f"rerun: {key} differs from the run's: {was} -> {now}")
+
+
+def asked() -> list[str]:
+    """In a rerun, the overrides the run was given and the keys changed on purpose (else none): what the plan counts
+    as given on the command line."""
+    return list(_asked)
+
+
+def decision_differences(run_dir: Path, cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> list[str]:
+    """A line for each key that the plan decided, for the run or for this rerun, whose value differs."""
+    from attnlab import lineage
+
+    record = lineage.read(run_dir) or {}
+    before = record.get("decided")  # None: a run written before decisions were kept apart
+    try:
+        used = OmegaConf.load(run_dir / "config.yaml")
+    except Exception:  # no config.yaml: a run that ended before it was written
+        used = OmegaConf.create()
+    lines = []
+    for key in sorted(set(before or {}) | set(decided)):
+        old = (before or {}).get(key)
+        was = old["decided"] if old else OmegaConf.select(used, key, default=None)
+        now = OmegaConf.select(cfg, key, default=None)
+        if was is None or was == now:
+            continue
+        how = f"decided on {old['on']}" if old else "as asked" if before is not None else "as recorded"
+        this = f"decided on {decided[key]['on']}" if key in decided else "as asked"
+        lines.append(f"rerun: {key}: the original run used {was} ({how}), this one {now} ({this})")
+    return lines
+
+
+def warn_decisions(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
+    """In a rerun, where the plan decided otherwise than for the run (cli/plan.py: plan_training)."""
+    if _run_dir is not None:
+        for line in decision_differences(_run_dir, cfg, decided):
+            log.warning(line)
 
 
 def record_sweep_command(argv: list[str]) -> None:

@@ -93,7 +93,7 @@ def train(cfg: DictConfig) -> float | None:
     # ---- the config: prepared (user imports, platform keys) and checked, before anything is read or built
     begin(cfg)  # a model/data pair of other kinds is refused there
     check_config(cfg)  # every constructor's keys, types and ranges
-    plan = plan_training(cfg)  # the run's settings and what is decided from them, once, written back into cfg
+    plan = plan_training(cfg)  # the run's settings and what is decided from them, once, applied to cfg
     run = plan.run
 
     import lightning as L
@@ -140,7 +140,7 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- loggers, callbacks, the Trainer
     loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
-    platform = [RunMetadata(resolved), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
+    platform = [RunMetadata(resolved, plan.decided), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, plan, callbacks, loggers, strategy)
