@@ -1,4 +1,4 @@
-"""What a SLURM job of a run measured on its partition's nodes, kept for the next jobs of the same config
+"""What a SLURM job of a run measured on its partition's nodes, kept for the next jobs of the same key
 (`launcher.timeout_min=auto`, `launcher.mem_gb=auto`: attnlab.utils.job_costs)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
@@ -14,45 +15,84 @@ MIN_STEPS = 5  # fewer steps than this measure the start more than the steps
 
 class JobCost(Callback):
     """Rank 0 of a run trained to its end in a SLURM job records its start-up, seconds per step, steps per epoch and
-    peak memory under the job's partition and the run's config."""
+    peak memory under the job's partition and the run's key (job_costs.fingerprint), which it computes when training
+    starts from the job's own composed config (Hydra's `.hydra/config.yaml`), its devices and nodes, its node's kind
+    (`sinfo`) and its lineage's commits."""
 
     def __init__(self):
         self.startup_s: float | None = None
         self.started = 0.0
         self.first_step = 0
+        self.where: tuple[str, str, str] | None = None  # (cache dir, partition, key): where this job records
 
     def on_train_start(self, trainer, pl_module) -> None:
         from attnlab.utils.job_costs import process_age_s
 
         self.startup_s, self.started, self.first_step = process_age_s(), time.monotonic(), trainer.global_step
+        self.where = where_recorded(trainer) if trainer.is_global_zero else None
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        from attnlab.callbacks.run_metadata import RunMetadata
-
-        partition, job = os.environ.get("SLURM_JOB_PARTITION"), os.environ.get("SLURM_JOB_ID")
         steps = trainer.global_step - self.first_step
-        metadata = RunMetadata.of(trainer)
-        cache_dir = metadata.setting("paths", "cache_dir") if metadata is not None else None
-        if not (partition and job and cache_dir and trainer.is_global_zero and self.startup_s is not None) \
-                or steps < MIN_STEPS:
+        if self.where is None or self.startup_s is None or steps < MIN_STEPS:
             return
+        self.record(trainer, (time.monotonic() - self.started) / steps)
+
+    def record(self, trainer, step_s: float, ran_out: bool = False) -> None:
+        from attnlab.utils import job_costs as estimates
+
+        batches = trainer.num_training_batches
+        steps = trainer.global_step - self.first_step
+        per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else steps
+        measured = estimates.Measured(startup_s=round(self.startup_s or 0.0, 1), step_s=round(step_s, 4),
+                                      steps_per_epoch=per_epoch, peak_gb=round(estimates.peak_memory_gb(), 2),
+                                      job=str(os.environ.get("SLURM_JOB_ID", "")), ran_out=ran_out)
+        try:
+            estimates.record(*self.where, measured)
+        except OSError:  # a cache that cannot be written costs the next job its estimate, nothing more
+            pass
+
+    @staticmethod
+    def of(trainer) -> JobCost | None:
+        return next((c for c in trainer.callbacks if isinstance(c, JobCost)), None)
+
+
+def where_recorded(trainer) -> tuple[str, str, str] | None:
+    """(cache dir, partition, key) under which this job's measurement is kept; None outside a SLURM job of a Hydra
+    run, or where the key cannot be computed (no `.hydra/config.yaml`, `sinfo` does not know the node)."""
+    from attnlab.callbacks.run_metadata import RunMetadata
+    from attnlab.utils import job_costs as estimates
+
+    partition, job = os.environ.get("SLURM_JOB_PARTITION"), os.environ.get("SLURM_JOB_ID")
+    metadata = RunMetadata.of(trainer)
+    cache_dir = metadata.setting("paths", "cache_dir") if metadata is not None else None
+    if not (partition and job and cache_dir):
+        return None
+    try:
+        cfg = composed_config()
+        node = estimates.job_node_type() if cfg is not None else None
+        if node is None:
+            return None
+        code = estimates.code_version(getattr(metadata, "lineage", None) or estimates.code_record())
+        key = estimates.fingerprint(cfg, devices=trainer.num_devices, nodes=trainer.num_nodes, node=node, code=code)
+    except Exception:  # the estimate is a convenience: it never stops a run
+        return None
+    return str(cache_dir), partition, key
+
+
+def composed_config(path: str | os.PathLike | None = None):
+    """The job's config as Hydra composed it, before the run changed anything (`.hydra/config.yaml` of its output
+    folder, which Hydra writes before the run starts); None outside a Hydra run."""
+    from omegaconf import OmegaConf
+
+    if path is None:
         try:
             from hydra.core.hydra_config import HydraConfig
 
             hydra = HydraConfig.get()
-            config_name, overrides = hydra.job.config_name, list(hydra.overrides.task)
-        except ValueError:  # not a Hydra run
-            return
-        from attnlab.utils import job_costs as estimates
-
-        batches = trainer.num_training_batches
-        per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else steps
-        measured = estimates.Measured(startup_s=round(self.startup_s, 1),
-                                      step_s=round((time.monotonic() - self.started) / steps, 4),
-                                      steps_per_epoch=per_epoch, peak_gb=round(estimates.peak_memory_gb(), 2),
-                                      job=str(job))
-        try:
-            estimates.record(cache_dir, partition, estimates.fingerprint(config_name or "train", overrides),
-                             measured)
-        except OSError:  # a cache that cannot be written costs the next job its estimate, nothing more
-            pass
+            path = Path(hydra.runtime.output_dir) / str(hydra.output_subdir) / "config.yaml"
+        except Exception:  # not a Hydra run
+            return None
+    try:
+        return OmegaConf.load(path)
+    except Exception:  # no such file (hydra.output_subdir=null), or not a config
+        return None

@@ -3,12 +3,24 @@
 
 A run trained in a SLURM job records, when it finishes, what it measured there: its start-up (the process's start
 to the first step), its seconds per training step (validation and checkpoints included: the job's whole time over
-its steps), its steps per epoch and its peak memory per task. The record goes in `<paths.cache_dir>/slurm/
-estimates.json` under the job's partition and the run's config (its config name and its command line, less the keys
-that do not change what a step costs: the seed, the length, the loggers, the launcher's own). A later sweep of the
-same config on that partition sizes its jobs from it: time = start-up + steps x seconds per step, plus a quarter
-and 2 minutes; memory = the peak plus a quarter and 1 GB. A step timed anywhere else (the submitting machine,
-another partition's nodes) is never used. With no record the job asks for the partition's limit and SLURM's
+its steps), its steps per epoch and its peak memory. The record goes in `<paths.cache_dir>/slurm/estimates.json`
+under the job's partition and the run's key, `fingerprint()`: a hash of what decides a step's cost,
+- the composed config's content (interpolations as written), less the keys that cannot change it (`costs()`): the
+  seed, tags, task name, paths, loggers, the learning rate and weight decay, callbacks that only print or log, the
+  extras (but `float32_matmul_precision` and `imports`), the launcher's and Hydra's own keys, and the run's length,
+  which the estimate multiplies (trainer.max_epochs, max_steps, max_time, min_epochs, min_steps). The limit_* keys
+  and the validation interval stay: they change the steps per epoch and a step's share of validation, which the
+  record measures;
+- devices per node and nodes, and the kind of node (CPUs, memory, GPUs and their type, as `sinfo` reports it);
+- the data: the files and folders the data config names (its size: files and bytes, a folder's first
+  MAX_DATA_ENTRIES entries), besides the data config's content above;
+- the code: the git commit of the working directory's checkout, and of attnlab's own when it is another one, as
+  the run's lineage records them (attnlab.lineage), with attnlab's version.
+The driver (at submit) and the job (at the start of training) compute it with the same function from the same
+composed config: the driver's Hydra composition of the sweep's job, the job's own `.hydra/config.yaml`.
+A later sweep of the same key on that partition sizes its jobs from it: time = start-up + steps x seconds per step,
+plus a quarter and 2 minutes; memory = the peak plus a quarter and 1 GB. A step timed anywhere else (the submitting
+machine, another partition's nodes) is never used. With no record the job asks for the partition's limit and SLURM's
 default memory, as before, and the driver's line says so.
 """
 
@@ -19,37 +31,171 @@ import json
 import math
 import os
 import resource
+import subprocess
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TIME_MARGIN, TIME_SLACK_S = 1.25, 120.0
 MEM_MARGIN, MEM_SLACK_GB = 1.25, 1.0
-# command-line keys that do not change what a step costs or how much memory it takes
-NOT_COST = ("seed", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "logger", "logger.",
-            "callbacks.progress_bar", "callbacks.model_summary", "extras.", "launcher.", "hydra.", "ckpt_path",
-            "paths.", "tags", "task_name", "test", "preflight", "optimizer.lr")
+MAX_DATA_ENTRIES = 10_000  # a data folder's entries looked at (breadth first, by name) for its size
+# keys of the composed config that do not change what a step costs or how much memory it takes
+NOT_COST_TOP = ("seed", "tags", "task_name", "paths", "logger", "extras", "launcher", "hydra", "ckpt_path", "resume",
+                "train", "test", "preflight", "preflight_steps", "optimized_metric")
+NOT_COST_KEYS = ("trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.min_epochs",
+                 "trainer.min_steps", "trainer.devices", "trainer.num_nodes", "trainer.default_root_dir",
+                 "callbacks.progress_bar", "callbacks.rich_progress_bar", "callbacks.model_summary",
+                 "callbacks.lr_monitor", "callbacks.optuna_pruning")
+NOT_COST_LEAVES = ("seed", "lr", "blr", "min_lr", "learning_rate", "weight_decay")
+COST_EXTRAS = ("extras.float32_matmul_precision", "extras.imports")  # extras that change a step
 
 
-def fingerprint(config_name: str, overrides: list[str]) -> str:
-    """The run's config as far as its cost goes: its config name and its overrides, less NOT_COST, sorted."""
-    kept = sorted(o for o in _normal(overrides) if not _key(o).startswith(NOT_COST) and _key(o) != "trainer.devices")
-    return hashlib.sha1(json.dumps([config_name, kept]).encode()).hexdigest()[:16]
+def costs(key: str) -> bool:
+    """Whether a dotted key of the composed config can change what a step costs (see the module's doc)."""
+    if any(c == key or c.startswith(key + ".") or key.startswith(c + ".") for c in COST_EXTRAS):
+        return True
+    leaf = key.rsplit(".", 1)[-1]
+    return not (key.split(".", 1)[0] in NOT_COST_TOP or key in NOT_COST_KEYS or leaf in NOT_COST_LEAVES
+                or leaf.endswith("_seed"))
 
 
-def _normal(overrides: list[str]) -> list[str]:
-    """Each override as Hydra reads it (`test=false` as a sweep's job gets it back: `test=False`)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def fingerprint(cfg, *, devices: int, nodes: int, node: str, code: str) -> str:
+    """The run's key: its composed config as far as a step's cost goes, its devices per node and nodes, the kind of
+    node (`node_type`), the size of its data (`data_size`) and its code (`code_version`)."""
+    what = {"config": cost_config(cfg), "devices": int(devices), "nodes": int(nodes), "node": node,
+            "data": data_size(cfg), "code": code}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cost_config(cfg) -> Any:
+    """The composed config's content (interpolations as written: the driver and the job read them alike), less the
+    keys `costs()` leaves out."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
+
+    def prune(node: Any, prefix: str) -> Any:
+        if not isinstance(node, dict):
+            return node
+        return {k: prune(v, f"{prefix}{k}.") for k, v in node.items() if costs(f"{prefix}{k}")}
+
+    return prune(tree, "")
+
+
+def data_size(cfg) -> dict[str, list[int]]:
+    """{data key: [files, bytes]} for each value of the data config that names an existing file or folder (not one
+    under the cache, log or output folders); a folder counts its first MAX_DATA_ENTRIES entries, breadth first."""
+    from omegaconf import DictConfig, ListConfig
+
+    skip = [p for p in (_path(cfg, f"paths.{k}") for k in ("cache_dir", "log_dir", "output_dir")) if p]
+    found: dict[str, list[int]] = {}
+
+    def walk(node, prefix: str) -> None:
+        for k in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
+            try:
+                value = node[k]
+            except Exception:  # an interpolation that resolves only elsewhere: its text is in the content
+                continue
+            if isinstance(value, (DictConfig, ListConfig)):
+                walk(value, f"{prefix}{k}.")
+            elif isinstance(value, str) and ("/" in value or value.startswith(".")) and "://" not in value:
+                path = Path(value).expanduser()
+                if path.exists() and not any(_under(path, s) for s in skip):
+                    found[f"{prefix}{k}"] = _tree_size(path)
+
+    data = cfg.get("data") if isinstance(cfg, DictConfig) else None
+    if isinstance(data, DictConfig):
+        walk(data, "")
+    return found
+
+
+def _path(cfg, key: str) -> Path | None:
+    from omegaconf import OmegaConf
 
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except Exception:  # left as typed: Hydra's run says what it cannot parse
-        return list(overrides)
-    return [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed]
+        value = OmegaConf.select(cfg, key)
+    except Exception:
+        return None
+    return Path(value).expanduser() if isinstance(value, str) and value else None
 
 
-def _key(override: str) -> str:
-    return override.lstrip("~+").partition("=")[0]
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _tree_size(path: Path, limit: int = MAX_DATA_ENTRIES) -> list[int]:
+    """[files, bytes] of a file, or of a folder's first `limit` entries (breadth first, each folder by name)."""
+    try:
+        if not path.is_dir():
+            return [1, path.stat().st_size]
+    except OSError:
+        return [0, 0]
+    files = size = seen = 0
+    queue = deque([path])
+    while queue and seen < limit:
+        try:
+            with os.scandir(queue.popleft()) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries[:limit - seen]:
+            seen += 1
+            try:
+                if entry.is_dir():
+                    queue.append(Path(entry.path))
+                else:
+                    files, size = files + 1, size + entry.stat().st_size
+            except OSError:
+                continue
+    return [files, size]
+
+
+def code_record(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The code as the run's lineage records it (attnlab.lineage.collect): attnlab's version, the working
+    directory's checkout (`git`) and attnlab's own checkout where it is another one (`attnlab_git`)."""
+    import attnlab
+    from attnlab import lineage
+
+    cwd = Path(cwd or os.getcwd())
+    git, _ = lineage._git(cwd, with_diff=False)
+    record: dict[str, Any] = {"attnlab": attnlab.__version__, "git": git}
+    source = Path(attnlab.__file__).resolve().parents[2]
+    if git is None or not lineage._is_under(source, Path(git["root"])):
+        record["attnlab_git"], _ = lineage._git(source, with_diff=False)
+    return record
+
+
+def code_version(record: dict[str, Any]) -> str:
+    """The code of a lineage record (code_record, or the job's own lineage) as the key holds it: the commits."""
+    commits = [(record.get(k) or {}).get("commit") for k in ("git", "attnlab_git")]
+    return json.dumps([record.get("attnlab"), *commits])
+
+
+def node_type(kind) -> str:
+    """A kind of node (cluster.NodeKind: as `sinfo` reports it) as the key holds it, without how many there are."""
+    return f"{kind.cpus} CPUs, {kind.mem_mb} MB, {kind.gpus} GPUs {kind.gpu_type}".rstrip()
+
+
+def job_node_type(env=os.environ) -> str | None:
+    """The kind of node this job runs on (its rank 0's), as `sinfo` reports it for the driver; None where `sinfo`
+    cannot say."""
+    from attnlab.cli.slurm.cluster import SINFO_FORMAT, parse_sinfo
+
+    node, partition = env.get("SLURMD_NODENAME"), env.get("SLURM_JOB_PARTITION")
+    if not (node and partition):
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-a", "-h", "-N", "-n", node, "-p", partition, "-o", SINFO_FORMAT],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    kinds = parse_sinfo(out.stdout).get(partition) if out.returncode == 0 else None
+    return node_type(kinds.nodes[0]) if kinds and kinds.nodes else None
 
 
 def store(cache_dir: str | os.PathLike) -> Path:
@@ -65,6 +211,8 @@ class Measured:
     steps_per_epoch: float
     peak_gb: float
     job: str = ""
+    ran_out: bool = False  # measured by an attempt that ran out of its time limit: its whole time over its steps
+    memory_from: str = ""  # how peak_gb was measured
 
     def time_min(self, steps: int, lead_s: float = TIME_SLACK_S) -> int:
         """The time limit for `steps` steps: the work plus a quarter, and SLURM's warning lead after it (2 minutes,

@@ -56,8 +56,7 @@ def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     from attnlab.cli.slurm.estimates import size
 
     cache_dir = _select(cfg, "paths.cache_dir") or os.environ.get("ATTNLAB_CACHE_DIR")
-    size(job, settings(cfg, given), [c for _, c, _ in fits], [v for v, _, _ in fits], args.config_name or "train",
-         cache_dir)
+    size(job, settings(cfg, given), [c for _, c, _ in fits], overrides, cache_dir)
     where = _targets(cfg)  # launcher.<key>, or hydra.launcher.<key> where the config sets that itself
     fitted = {where.get(k, k): v for k, v in job.overrides().items() if k in given or _changes(cfg, where.get(k, k), v)}
     params = _launcher_params(cfg, fitted)
