@@ -24,6 +24,7 @@ class JobCost(Callback):
         self.started = 0.0
         self.first_step = 0
         self.where: tuple[str, str, str] | None = None  # (cache dir, partition, key): where this job records
+        self.ran_out = False  # this attempt's time limit came: recorded as such
 
     def on_train_start(self, trainer, pl_module) -> None:
         from attnlab.utils.job_costs import process_age_s
@@ -36,6 +37,10 @@ class JobCost(Callback):
         if self.where is None or self.startup_s is None or steps < MIN_STEPS:
             return
         self.record(trainer, (time.monotonic() - self.started) / steps)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.where is not None and ran_out_of_time(trainer, exception):
+            out_of_time(trainer)
 
     def record(self, trainer, step_s: float, ran_out: bool = False) -> None:
         from attnlab.utils import job_costs as estimates
@@ -54,6 +59,44 @@ class JobCost(Callback):
     @staticmethod
     def of(trainer) -> JobCost | None:
         return next((c for c in trainer.callbacks if isinstance(c, JobCost)), None)
+
+
+def out_of_time(trainer) -> None:
+    """This attempt of the job ran out of its time limit (SLURM's warning of it, or its SIGTERM at it): its step time
+    is its whole time (the process's age: start-up, steps, validation, checkpoints) over the steps it did, recorded in
+    place of the estimate that proved too short (a later attempt of the same job does not lower it: job_costs.record).
+    Rank 0 records, once per attempt; elsewhere, or outside a SLURM job, it does nothing."""
+    from attnlab.utils.job_costs import process_age_s
+
+    cost = JobCost.of(trainer)
+    if cost is None or cost.where is None or cost.ran_out:
+        return
+    cost.ran_out = True
+    cost.record(trainer, process_age_s() / max(1, trainer.global_step - cost.first_step), ran_out=True)
+
+
+def ran_out_of_time(trainer, exception: BaseException) -> bool:
+    """Whether the run is stopping on its time limit. SignalGuard (callbacks/signals.py), whose on_exception comes
+    before this callback's (train.py's order), has recorded how the attempt ends in the lineage: `... time limit ...`
+    (submitit's judgement: the job has run about its time limit), or `... SLURM's warning ...` (a batch script of
+    the user's own) while no preemption is under way; a plain SIGTERM counts when it came at the job's end time
+    (SLURM_JOB_END_TIME, where SLURM sets it)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from attnlab.callbacks.run_metadata import RunMetadata
+
+    if not isinstance(exception, SIGTERMException):
+        return False
+    metadata = RunMetadata.of(trainer)
+    status = str(((getattr(metadata, "lineage", None) or {}).get("status")) or "")
+    if "time limit" in status:
+        return True
+    if "SLURM's warning" in status:
+        from attnlab.callbacks.signals import being_preempted
+
+        return not being_preempted()
+    end = os.environ.get("SLURM_JOB_END_TIME", "")
+    return status.startswith("stopped") and end.isdigit() and time.time() >= int(end) - 60
 
 
 def where_recorded(trainer) -> tuple[str, str, str] | None:

@@ -33,7 +33,7 @@ import os
 import resource
 import subprocess
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +233,8 @@ def lookup(cache_dir, partition: str, key: str) -> Measured | None:
 
 
 def record(cache_dir, partition: str, key: str, measured: Measured) -> None:
-    """Keep what this job measured (the file locked: the jobs of a sweep finish together)."""
+    """Keep what this job measured (the file locked: the jobs of a sweep finish together), in place of what an
+    earlier job of the key measured; but a job that ran out of time keeps the slower rate of its attempt that did."""
     from filelock import FileLock
 
     from attnlab.utils import atomic
@@ -245,7 +246,13 @@ def record(cache_dir, partition: str, key: str, measured: Measured) -> None:
             known = json.loads(path.read_text())
         except (OSError, ValueError):
             known = {}
-        known.setdefault(partition, {})[key] = measured.__dict__
+        old = known.get(partition, {}).get(key) or {}
+        if old.get("ran_out") and old.get("job") == measured.job:
+            # a later attempt of a job that ran out of time: the rate that proved too short is not restored
+            measured = replace(measured, startup_s=max(measured.startup_s, old.get("startup_s", 0.0)),
+                               step_s=max(measured.step_s, old.get("step_s", 0.0)), ran_out=True,
+                               peak_gb=max(measured.peak_gb, old.get("peak_gb", 0.0)))
+        known.setdefault(partition, {})[key] = asdict(measured)
         atomic.write_text(path, json.dumps(known, indent=1))
 
 

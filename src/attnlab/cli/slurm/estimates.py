@@ -49,7 +49,8 @@ def size(job, s, cfgs: list, overrides: list[str], cache_dir, code: str | None =
                                 key=lambda t: t[0])
             if lead is not None:  # SLURM's warning in the second half of the limit, as fit() requires of it
                 minutes = max(minutes, math.ceil(2 * lead / 60))
-            how = (f"estimated from job {m.job} on {part.name}: {m.startup_s:.0f} s start-up + {n} steps x "
+            ran_out = " (which ran out of time: its whole time over its steps)" if m.ran_out else ""
+            how = (f"estimated from job {m.job} on {part.name}{ran_out}: {m.startup_s:.0f} s start-up + {n} steps x "
                    f"{m.step_s:.2f} s, +{TIME_MARGIN - 1:.0%} and {max(TIME_SLACK_S, lead or 0) / 60:.0f} min")
             if part.time_limit_min is not None and minutes > part.time_limit_min:
                 minutes, how = part.time_limit_min, f"the partition's limit (the estimate, {minutes} min, is longer)"
