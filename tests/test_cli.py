@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 from PIL import Image
 
 from conftest import ROOT, DATA_DIR, run_cli, wandb_offline
@@ -109,27 +108,6 @@ def test_user_errors_print_one_paragraph_without_traceback(tmp_path, log_env):
     fake.write_bytes(b"not read: the device is refused first")
     out = run_cli("predict.py", f"ckpt_path={fake}", "device=cuda", env=log_env | {"CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2 and "device=cuda, but this machine has no CUDA GPU" in out.stdout
-
-
-@pytest.mark.slow
-def test_ddp_cpu_two_processes_one_run_directory(tmp_path, log_env):
-    out = run_cli("train.py", "trainer=ddp_cpu", *QUICK, env=log_env)
-    assert out.returncode == 0, out.stdout[-3000:]
-    (run_dir,) = _run_dirs(tmp_path / "logs")
-    assert (run_dir / "train_ddp_process_1.log").exists()  # the second rank wrote into the same directory
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 5
-
-
-@pytest.mark.slow
-def test_multirun_with_ddp_writes_one_directory_per_job(tmp_path, log_env):
-    out = run_cli("train.py", "-m", "optimizer.lr=1e-3,3e-4", "trainer=ddp_cpu", *QUICK, env=log_env)
-    assert out.returncode == 0, out.stdout[-3000:]
-    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
-    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert jobs == ["0", "1"]
-    lrs = [yaml.safe_load((sweep / j / "config.yaml").read_text())["optimizer"]["lr"] for j in jobs]
-    assert lrs == [1e-3, 3e-4]
-    assert all((sweep / j / "metrics.json").exists() for j in jobs)
 
 
 def _append_rows(path, worker: int) -> None:
