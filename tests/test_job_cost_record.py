@@ -27,7 +27,7 @@ def _trainer(tmp_path, status: str, step: int):
     cost = job_cost.JobCost()
     cost.startup_s, cost.first_step, cost.where = 40.0, 100, (str(tmp_path), "gpu", KEY)
     return SimpleNamespace(callbacks=[metadata, cost], global_step=step, num_training_batches=100,
-                           accumulate_grad_batches=1, is_global_zero=True), cost
+                           accumulate_grad_batches=1, is_global_zero=True, num_devices=4), cost
 
 
 def _recorded(tmp_path) -> estimates.Measured | None:

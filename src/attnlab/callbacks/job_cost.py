@@ -15,9 +15,9 @@ MIN_STEPS = 5  # fewer steps than this measure the start more than the steps
 
 class JobCost(Callback):
     """Rank 0 of a run trained to its end in a SLURM job records its start-up, seconds per step, steps per epoch and
-    peak memory under the job's partition and the run's key (job_costs.fingerprint), which it computes when training
-    starts from the job's own composed config (Hydra's `.hydra/config.yaml`), its devices and nodes, its node's kind
-    (`sinfo`) and its lineage's commits."""
+    peak memory per node (job_costs.peak_memory_gb) under the job's partition and the run's key
+    (job_costs.fingerprint), which it computes when training starts from the job's own composed config (Hydra's
+    `.hydra/config.yaml`), its devices and nodes, its node's kind (`sinfo`) and its lineage's commits."""
 
     def __init__(self):
         self.startup_s: float | None = None
@@ -48,9 +48,11 @@ class JobCost(Callback):
         batches = trainer.num_training_batches
         steps = trainer.global_step - self.first_step
         per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else steps
+        peak_gb, memory_from = estimates.peak_memory_gb(tasks_per_node=trainer.num_devices)  # per node: --mem's
         measured = estimates.Measured(startup_s=round(self.startup_s or 0.0, 1), step_s=round(step_s, 4),
-                                      steps_per_epoch=per_epoch, peak_gb=round(estimates.peak_memory_gb(), 2),
-                                      job=str(os.environ.get("SLURM_JOB_ID", "")), ran_out=ran_out)
+                                      steps_per_epoch=per_epoch, peak_gb=round(peak_gb, 2),
+                                      job=str(os.environ.get("SLURM_JOB_ID", "")), ran_out=ran_out,
+                                      memory_from=memory_from)
         try:
             estimates.record(*self.where, measured)
         except OSError:  # a cache that cannot be written costs the next job its estimate, nothing more

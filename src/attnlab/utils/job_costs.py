@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import resource
 import subprocess
 from collections import deque
@@ -265,11 +266,92 @@ def run_steps(trainer: Any, measured: Measured) -> int | None:
     return math.ceil(int(epochs) * measured.steps_per_epoch) if epochs not in (None, -1) else None
 
 
-def peak_memory_gb() -> float:
-    """The peak resident memory of this process and its finished children (the loader's workers), in GB."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return (own + children) / 2**20  # kB
+def peak_memory_gb(tasks_per_node: int = 1, root: str | os.PathLike = "/", env=os.environ) -> tuple[float, str]:
+    """(this job's peak memory on its node in GB, how it was measured), what SLURM's `--mem` (per node) must hold:
+    the job's cgroup on the node (all its tasks and their children, as SLURM's task/cgroup limits them; page cache
+    included); where the job has none, a task's peak x the tasks per node, a task's peak being the larger of its own
+    with its loader workers' (process_peak_bytes) and SLURM's accounting's (`sstat` MaxRSS, where it samples)."""
+    peak = cgroup_peak_bytes(root, env.get("SLURM_JOB_ID"))
+    if peak:
+        return peak / 2**30, "the job's cgroup on its node"
+    task, how = process_peak_bytes(root), "a task's peak with its loader workers'"
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        sampled = sstat_peak_bytes(f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}")
+        if sampled and sampled > task:
+            task, how = sampled, "sstat's MaxRSS of a task"
+    return task * tasks_per_node / 2**30, f"{how} x {tasks_per_node} task{'s' * (tasks_per_node != 1)} per node"
+
+
+def cgroup_peak_bytes(root: str | os.PathLike = "/", job_id: str | None = None, pid: str = "self") -> int | None:
+    """The peak memory of this SLURM job on this node as its cgroup counts it: `memory.max_usage_in_bytes` of the
+    job's cgroup under the v1 memory controller (/sys/fs/cgroup/memory/...), `memory.peak` under v2 (Linux 5.19+).
+    The job's cgroup is the `job_<id>` folder of this process's cgroup path (/proc/self/cgroup), where SLURM's
+    task/cgroup puts each job; None where the process is in no such cgroup (SLURM without cgroups)."""
+    root = Path(root)
+    try:
+        lines = (root / "proc" / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    places = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(","):
+            places.insert(0, (root / "sys/fs/cgroup" / controllers, path, "memory.max_usage_in_bytes"))
+        elif controllers == "":
+            unified = root / "sys/fs/cgroup/unified"
+            places.append((unified if unified.is_dir() else root / "sys/fs/cgroup", path, "memory.peak"))
+    wanted = f"job_{job_id}" if job_id else None
+    for base, path, name in places:
+        parts = path.strip().split("/")
+        ends = [i for i, part in enumerate(parts) if part == wanted or (not wanted and re.fullmatch(r"job_\d+", part))]
+        if not ends:
+            continue
+        try:
+            return int((base.joinpath(*parts[:ends[-1] + 1]) / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def process_peak_bytes(root: str | os.PathLike = "/", pid: int | None = None, finished_kb: int | None = None) -> int:
+    """A task's peak resident memory: its own (VmHWM), each live descendant's (a loader's persistent workers) and the
+    largest finished child's (ru_maxrss). Pages its workers share with it count again: more than it uses, not less."""
+    root, pid = Path(root), pid or os.getpid()
+    children: dict[int, list[int]] = {}
+    for stat in root.glob("proc/[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    live, todo = 0, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        live += _hwm_bytes(root, child)
+        todo += children.get(child, [])
+    if finished_kb is None:
+        finished_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    own = _hwm_bytes(root, pid) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return own + live + finished_kb * 1024
+
+
+def _hwm_bytes(root: Path, pid: int) -> int:
+    try:
+        found = re.search(r"^VmHWM:\s+(\d+) kB", (root / "proc" / str(pid) / "status").read_text(), re.M)
+    except OSError:
+        return 0
+    return int(found.group(1)) * 1024 if found else 0
+
+
+def sstat_peak_bytes(step: str, run=subprocess.run) -> int | None:
+    """The largest memory of one task of a running job step (`<job>.<step>`) as SLURM's accounting sampled it
+    (`sstat` MaxRSS; jobacct_gather sums each task's processes); None where accounting does not gather it."""
+    try:
+        out = run(["sstat", "-n", "-P", "-j", step, "--format=MaxRSS"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    sizes = [float(m[1]) * units[m[2].upper()] for m in re.finditer(r"^\s*([\d.]+)([KMGTkmgt]?)\s*$", out.stdout, re.M)]
+    return int(max(sizes)) if out.returncode == 0 and sizes and max(sizes) > 0 else None
 
 
 def process_age_s() -> float:

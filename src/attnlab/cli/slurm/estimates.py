@@ -62,8 +62,9 @@ def size(job, s, cfgs: list, overrides: list[str], cache_dir, code: str | None =
         if known:
             m = max((m for _, m in found), key=lambda m: m.peak_gb)
             job.mem_gb = min(m.mem_gb(), max(k.mem_mb for k in part.nodes) // 1024)
-            job.mem_from = (f"peak {m.peak_gb:.1f} GB measured by job {m.job} on {part.name}, +"
-                            f"{MEM_MARGIN - 1:.0%} and {MEM_SLACK_GB:.0f} GB")
+            job.mem_from = (f"peak {m.peak_gb:.1f} GB per node measured by job {m.job} on {part.name}"
+                            f"{f' ({m.memory_from})' if m.memory_from else ''}, +{MEM_MARGIN - 1:.0%} and "
+                            f"{MEM_SLACK_GB:.0f} GB")
         else:
             job.mem_from = f"SLURM's default: {missing}"
 
