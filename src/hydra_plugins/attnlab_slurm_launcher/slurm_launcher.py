@@ -16,7 +16,8 @@ ended once the controller forgot it):
 - what the controller cannot say is not taken for an answer: while `squeue` fails (slurmctld restarting, a short
   outage: the jobs keep running on their nodes) no job is counted missing; a COMPLETED job whose result file is not
   visible yet (a shared filesystem's cache) is waited for; TIMEOUT, NODE_FAIL and PREEMPTED are looked at again, since
-  SLURM may requeue the job;
+  SLURM may requeue the job. The driver's view of a job is one state machine, its waits and the time within which a
+  verdict comes written down in `_states.py`;
 - one `squeue` a poll for every job the driver follows (an Optuna sweep's parallel trials included), polling every
   2 s at first and backing off to 30 s while nothing changes;
 - Ctrl-C or SIGTERM of the driver cancels the jobs it submitted (each saves its `last.ckpt` first), so that the
@@ -26,7 +27,6 @@ ended once the controller forgot it):
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -38,17 +38,12 @@ from typing import Any, Sequence
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states, _sacct_state
+from hydra_plugins.attnlab_slurm_launcher._states import (FINAL, GONE_GRACE_S, MAYBE_REQUEUED, POLL_MAX_S, POLL_S,
+                                                          RESULT_GRACE_S, REQUEUE_GRACE_S, result_verdict, waited)
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
 
 log = logging.getLogger("attnlab")
-POLL_S = 2.0  # the first interval between polls; it grows by half while nothing changes, up to POLL_MAX_S
-POLL_MAX_S = 30.0
-GONE_GRACE_S = 30.0  # a job missing from the queue and without a result is reported gone after this long
-RESULT_GRACE_S = 120.0  # a COMPLETED job's result file may show late on a shared filesystem
-REQUEUE_GRACE_S = 180.0  # a job in one of MAYBE_REQUEUED may be requeued by SLURM within this long
-MAYBE_REQUEUED = {"TIMEOUT", "NODE_FAIL", "PREEMPTED"}
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE", "GONE"}
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD")
 TAIL_LINES = 5
 
 
@@ -65,9 +60,14 @@ class Watched:
         self.run_dir = run_dir  # where its run writes (the sweep folder's <num>), for how an attempt ended
         self.label = " ".join(o for o in overrides  # what this job of the sweep sets (not the sweeper's own keys)
                               if o.lower() not in common and not o.lstrip("+").startswith("hydra."))
-        self.state, self.nodes, self.started = "SUBMITTED", "", False
-        self.missing_since: float | None = None  # when the queue stopped showing it
-        self.ended_since: float | None = None  # when it was first seen in a state it may yet leave (MAYBE_REQUEUED)
+        self.state, self.nodes = "SUBMITTED", ""
+        self.started = False  # an attempt was seen running (or ending) since the job last went back to the queue
+        self.requeued = False  # "requeued" said, and no attempt seen running since
+        # the state machine of _states.py: the end the controller last gave for this attempt, the one wait it is in
+        # ("requeue", "result", "gone"; None: none) and since when
+        self.ended_as: str | None = None
+        self.waiting: str | None = None
+        self.since = 0.0
         self.outcome: tuple[str, Any] | None = None  # ("success", JobReturn) or ("error", traceback text)
 
     @property
@@ -193,6 +193,8 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
             else:
                 if unreachable:
                     log.info("SLURM's controller answers again")
+                    for w in watched:  # SLURM requeued nothing, the driver saw nothing, meanwhile: the waits start anew
+                        w.waiting = None
                 unreachable = False
                 changed = any([_follow(w, queue, accounting) for w in watched if w.state not in FINAL])
             if any(w.state not in FINAL for w in watched):
@@ -203,16 +205,20 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
 
 
 def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> bool:
-    """One poll's news of a job: its state updated and reported when it changed. -> whether it changed."""
+    """One poll's news of a job, a step of the state machine of _states.py: its state updated and reported when it
+    changed. -> whether it changed."""
+    before = w.state
     state, nodes = queue.get(w.id, (None, ""))
-    if state is not None:
-        w.missing_since = None  # seen again (a controller that had lost it for a while)
-    if state is None or state in FINAL:  # how it ended: its result file first
+    if state is None or state in FINAL:  # ended, or no longer in the queue: its verdict, or a wait
         state = _ended(w, accounting, state)
-    if state is None:
-        return False
-    if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD") and w.started:
+        if state is None:
+            return w.state != before
+    else:  # alive: what the driver waited for is over (a requeue; a controller that had lost the job for a while)
+        w.ended_as = w.waiting = None
+    if state in QUEUED and (w.started or (state == "REQUEUED" and not w.requeued)):
         state = "REQUEUED"  # back in the queue after running: a time limit, a preemption, a lost node requeued it
+    elif state == "REQUEUED":
+        state = "PENDING"  # the requeue said already
     elif state == "RUNNING" and w.started and w.state != "RUNNING":  # requeued and started again between two polls
         w.state = "REQUEUED"
         _report(w)
@@ -221,56 +227,37 @@ def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> 
         w.state, w.nodes = state, nodes or w.nodes
         _report(w)
     if state == "REQUEUED":
-        w.state, w.started = "PENDING", False
+        w.state, w.started, w.requeued = "PENDING", False, True
     elif state == "RUNNING":
-        w.started = True
+        w.started, w.requeued = True, False
     return changed
 
 
 def _ended(w: Watched, accounting: bool, queue_state: str | None) -> str | None:
-    """The final state of a job that ended or that the queue no longer shows: from its result file, else from the
-    queue or sacct, else GONE once it has been missing for GONE_GRACE_S. None: not known yet."""
-    result = w.result_file()
-    if w.outcome is None and _visible(result):
-        from submitit.core.utils import pickle_load
-
-        try:
-            w.outcome = pickle_load(result)
-        except (EOFError, OSError, ValueError):  # being written
-            return None
-    if w.outcome is not None:  # a job whose run raised returns Hydra's JobReturn with status FAILED
-        ok = w.outcome[0] == "success" and getattr(w.outcome[1], "status", None) != JobStatus.FAILED
-        return "COMPLETED" if ok else "FAILED"
-    now = time.monotonic()
+    """The verdict on a job that squeue shows ended (`queue_state`) or no longer shows (None): COMPLETED or FAILED
+    from its result file, else from its end (squeue's, sacct's, or the last one known) once its wait is over
+    (_states.py). None: not known yet."""
+    verdict = result_verdict(w)
+    if verdict is not None:
+        return verdict
     if queue_state is None and accounting:
         queue_state = _sacct_state(w.id)
         queue_state = queue_state if queue_state in FINAL else None
-    if queue_state == "COMPLETED":  # its result is written before it ends: not visible here yet
-        w.ended_since = w.ended_since or now
-        return None if now - w.ended_since < RESULT_GRACE_S else "GONE"
-    if queue_state in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
-        w.ended_since = w.ended_since or now
-        if now - w.ended_since < REQUEUE_GRACE_S:
-            if w.state != f"{queue_state} (SLURM may requeue it)":
-                w.state = f"{queue_state} (SLURM may requeue it)"
-                _report(w)
-            return None
-        return queue_state
-    w.ended_since = None
-    if queue_state is not None:
-        return queue_state
-    w.missing_since = w.missing_since or now
-    return "GONE" if now - w.missing_since > GONE_GRACE_S else None
-
-
-def _visible(path: Path) -> bool:
-    """Whether the file is there, its folder read first: on NFS a folder's listing refreshes the cached attributes
-    that an exists() alone may answer from (what submitit does for its result files)."""
-    try:
-        os.listdir(path.parent)
-    except OSError:
-        pass
-    return path.exists()
+    w.ended_as = end = queue_state or w.ended_as  # what the controller said last stands while it says nothing
+    now = time.monotonic()
+    if end == "COMPLETED":  # its result is written before it ends: not visible here yet
+        return "GONE" if waited(w, "result", RESULT_GRACE_S, now) else None
+    if end in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
+        w.started = True  # an attempt ran: back in the queue, it was requeued
+        if waited(w, "requeue", REQUEUE_GRACE_S, now):
+            return end
+        if w.state != f"{end} (SLURM may requeue it)":
+            w.state = f"{end} (SLURM may requeue it)"
+            _report(w)
+        return None
+    if end is not None:
+        return end
+    return "GONE" if waited(w, "gone", GONE_GRACE_S, now) else None
 
 
 def _report(w: Watched) -> None:
