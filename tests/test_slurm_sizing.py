@@ -54,7 +54,7 @@ def test_jobs_sized_from_their_own_estimates_start_at_once_under_backfill(slurm_
         out = sized.wait(timeout=400)
         fitted = re.search(r"time limit (\d+) min \(estimated from job (\d+) on debug", out)
         assert fitted and 1 <= int(fitted[1]) <= 10 and fitted[2] == str(measured["job"]), out[-3000:]
-        assert re.search(r"memory \d+ GB \(peak [\d.]+ GB measured by job", out), out[-3000:]
+        assert re.search(r"memory \d+ GB \(peak [\d.]+ GB per node measured by job", out), out[-3000:]
         assert sized.proc.returncode == 0 and sized_start is not None and sized_start < 30, (sized_start, out)
         whole = Sweep(tmp_path, "partition_limit", "launcher.timeout_min=1440", "seed=3")
         try:

@@ -3,7 +3,9 @@
 
 A run trained in a SLURM job records, when it finishes, what it measured there: its start-up (the process's start
 to the first step), its seconds per training step (validation and checkpoints included: the job's whole time over
-its steps), its steps per epoch and its peak memory. The record goes in `<paths.cache_dir>/slurm/estimates.json`
+its steps), its steps per epoch and its peak memory per node (`peak_memory_gb`: the job's cgroup on the node, else a
+task's peak x the tasks per node), or, when an attempt runs out of its time limit, that attempt's whole time over
+its steps (`ran_out`: callbacks/job_cost.py). The record goes in `<paths.cache_dir>/slurm/estimates.json`
 under the job's partition and the run's key, `fingerprint()`: a hash of what decides a step's cost,
 - the composed config's content (interpolations as written), less the keys that cannot change it (`costs()`): the
   seed, tags, task name, paths, loggers, the learning rate and weight decay, callbacks that only print or log, the
@@ -19,9 +21,9 @@ under the job's partition and the run's key, `fingerprint()`: a hash of what dec
 The driver (at submit) and the job (at the start of training) compute it with the same function from the same
 composed config: the driver's Hydra composition of the sweep's job, the job's own `.hydra/config.yaml`.
 A later sweep of the same key on that partition sizes its jobs from it: time = start-up + steps x seconds per step,
-plus a quarter and 2 minutes; memory = the peak plus a quarter and 1 GB. A step timed anywhere else (the submitting
-machine, another partition's nodes) is never used. With no record the job asks for the partition's limit and SLURM's
-default memory, as before, and the driver's line says so.
+plus a quarter and 2 minutes (or the user's longer signal lead); memory per node = the peak plus a quarter and 1 GB.
+A step timed anywhere else (the submitting machine, another partition's nodes) is never used. With no record the job
+asks for the partition's limit and SLURM's default memory, as before, and the driver's line says so.
 """
 
 from __future__ import annotations
@@ -61,11 +63,11 @@ def costs(key: str) -> bool:
                 or leaf.endswith("_seed"))
 
 
-def fingerprint(cfg, *, devices: int, nodes: int, node: str, code: str) -> str:
+def fingerprint(cfg, *, devices: int, nodes: int, node: str, code: str, data: dict | None = None) -> str:
     """The run's key: its composed config as far as a step's cost goes, its devices per node and nodes, the kind of
-    node (`node_type`), the size of its data (`data_size`) and its code (`code_version`)."""
+    node (`node_type`), the size of its data (`data_size`, unless given) and its code (`code_version`)."""
     what = {"config": cost_config(cfg), "devices": int(devices), "nodes": int(nodes), "node": node,
-            "data": data_size(cfg), "code": code}
+            "data": data_size(cfg) if data is None else data, "code": code}
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -14,7 +14,8 @@ import math
 from typing import Any
 
 from attnlab.utils.job_costs import (MEM_MARGIN, MEM_SLACK_GB, TIME_MARGIN, TIME_SLACK_S, code_record, code_version,
-                                     costs, fingerprint, lookup, node_type, run_steps)
+                                     costs, data_size, fingerprint, lookup, node_type,
+                                     run_steps)
 
 MAX_JOBS = 256  # kinds of job a sweep's sizing looks up, at most
 
@@ -35,10 +36,13 @@ def size(job, s, cfgs: list, overrides: list[str], cache_dir, code: str | None =
     found = []
     if cache_dir and jobs:
         code = code if code is not None else code_version(code_record())
-        kinds = _kinds(job, s)
-        found = [(c, lookup(cache_dir, part.name, fingerprint(c, devices=job.devices, nodes=job.nodes,
-                                                                node=node_type(k), code=code)))
-                 for c in jobs for k in kinds]
+        kinds, sizes = _kinds(job, s), {}  # the data's size once per data config (a folder's walk)
+        for c in jobs:
+            where = _text(c, "data") + _text(c, "paths")
+            data = sizes[where] = sizes[where] if where in sizes else data_size(c)
+            found += [(c, lookup(cache_dir, part.name, fingerprint(c, devices=job.devices, nodes=job.nodes,
+                                                                   node=node_type(k), code=code, data=data)))
+                      for k in kinds]
     known = bool(found) and all(m for _, m in found)
     missing = why or f"no earlier job of this config on {part.name} to estimate from"
     if auto_time:
@@ -122,6 +126,13 @@ def sweep_jobs(cfgs: list, overrides: list[str]) -> tuple[list, str]:
                 return [], "a job of the sweep does not compose"
             jobs.append(one)
     return jobs, ""
+
+
+def _text(cfg, key: str) -> str:
+    from omegaconf import OmegaConf
+
+    node = cfg.get(key)
+    return OmegaConf.to_yaml(node) if OmegaConf.is_config(node) else repr(node)
 
 
 def _select(cfg, key: str) -> Any:
