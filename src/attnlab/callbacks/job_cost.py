@@ -48,14 +48,14 @@ class JobCost(Callback):
         batches = trainer.num_training_batches
         steps = trainer.global_step - self.first_step
         per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else steps
-        peak_gb, memory_from = estimates.peak_memory_gb(tasks_per_node=trainer.num_devices)  # per node: --mem's
-        measured = estimates.Measured(startup_s=round(self.startup_s or 0.0, 1), step_s=round(step_s, 4),
-                                      steps_per_epoch=per_epoch, peak_gb=round(peak_gb, 2),
-                                      job=str(os.environ.get("SLURM_JOB_ID", "")), ran_out=ran_out,
-                                      memory_from=memory_from)
         try:
+            peak_gb, memory_from = estimates.peak_memory_gb(tasks_per_node=trainer.num_devices)  # per node: --mem's
+            measured = estimates.Measured(startup_s=round(self.startup_s or 0.0, 1), step_s=round(step_s, 4),
+                                          steps_per_epoch=per_epoch, peak_gb=round(peak_gb, 2),
+                                          job=str(os.environ.get("SLURM_JOB_ID", "")), ran_out=ran_out,
+                                          memory_from=memory_from)
             estimates.record(*self.where, measured)
-        except OSError:  # a cache that cannot be written costs the next job its estimate, nothing more
+        except Exception:  # a cache that cannot be written costs the next job its estimate, nothing more
             pass
 
     @staticmethod
