@@ -1,0 +1,143 @@
+"""attnlab.lean_imports answers as the machine is while it defers torchvision and transformers: a package that is not
+installed is absent, a submodule or name that does not exist fails at the import, and what exists resolves to the
+real objects at first use. Each check runs in a new process (not a fork of the tests' preloaded server), since what
+it checks is what an import sees first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# A machine without transformers: PathFinder less transformers (spec and metadata), at sys.meta_path[0] before
+# attnlab is imported. While torchmetrics imports with the deferring finder installed, the finder asked for a
+# torchmetrics module asks the availability checks what they see, once.
+WITHOUT_TRANSFORMERS = """
+import importlib.machinery, importlib.metadata, importlib.util, sys
+
+PathFinder = importlib.machinery.PathFinder
+probed = {}
+
+
+def probe():
+    from lightning_utilities.core.imports import RequirementCache, package_available
+    probed['find_spec'] = importlib.util.find_spec('transformers')
+    probed['package_available'] = package_available('transformers')
+    probed['RequirementCache'] = bool(RequirementCache('transformers'))
+    probed['torchvision'] = importlib.util.find_spec('torchvision') is not None
+    for stmt in ('import transformers', 'from transformers import AutoModel', 'import transformers.models'):
+        try:
+            exec(stmt, {})
+            probed[stmt] = 'imported'
+        except ImportError as e:
+            probed[stmt] = type(e).__name__
+
+
+class NoTransformers:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition('.')[0] == 'transformers':
+            return None
+        deferring = any(type(f).__name__ == '_DeferringFinder' for f in sys.meta_path)
+        if deferring and not probed and name.startswith('torchmetrics.') and \\
+                'lightning_utilities.core.imports' in sys.modules:
+            probe()
+        return PathFinder.find_spec(name, path, target)
+
+    @classmethod
+    def find_distributions(cls, context=importlib.metadata.DistributionFinder.Context()):
+        if (context.name or '').lower() == 'transformers':
+            return iter(())
+        return (d for d in PathFinder.find_distributions(context) if d.metadata['Name'].lower() != 'transformers')
+
+    @classmethod
+    def invalidate_caches(cls):
+        PathFinder.invalidate_caches()
+
+
+sys.meta_path.remove(PathFinder)
+sys.meta_path.insert(0, NoTransformers)
+assert importlib.util.find_spec('transformers') is None
+
+import attnlab.lean_imports as lean
+lean.import_lightning()
+
+from lightning_utilities.core.imports import package_available
+from torchmetrics.utilities import imports as tm
+try:
+    import transformers
+    after = 'imported'
+except ModuleNotFoundError:
+    after = 'ModuleNotFoundError'
+print(sorted(probed.items()))
+print(bool(tm._TRANSFORMERS_GREATER_EQUAL_4_4), bool(tm._TRANSFORMERS_AVAILABLE), bool(tm._TORCHVISION_AVAILABLE),
+      package_available('transformers'), after, 'transformers' in sys.modules,
+      [n for n, m in sys.modules.items() if isinstance(m, lean.DeferredModule)])
+"""
+
+
+def run(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    return out.stdout.strip().splitlines()
+
+
+def test_a_package_that_is_not_installed_is_absent_while_lightning_imports():
+    probed, after = run(WITHOUT_TRANSFORMERS)
+    assert probed == str(sorted({
+        "find_spec": None, "package_available": False, "RequirementCache": False, "torchvision": True,
+        "import transformers": "ModuleNotFoundError", "from transformers import AutoModel": "ModuleNotFoundError",
+        "import transformers.models": "ModuleNotFoundError"}.items()))
+    assert after == "False False True False ModuleNotFoundError False []"
+
+
+# transformers and torchvision installed: inside the deferred period, what does not exist fails at the import and
+# nothing is imported for real; what exists is the real object at first use
+WITH_BOTH = """
+import importlib.util, sys
+from attnlab.lean_imports import Deferred, DeferredModule, deferring
+
+
+def fails(stmt):
+    try:
+        exec(stmt, {})
+        return 'imported'
+    except ImportError as e:
+        return type(e).__name__
+
+
+with deferring():
+    print(importlib.util.find_spec('torchvision') is not None, importlib.util.find_spec('transformers') is not None,
+          importlib.util.find_spec('torchvision.no_such_module'))
+    print(fails('from transformers import NoSuchThing'), fails('import torchvision.no_such_module'),
+          fails('from torchvision import no_such_submodule'), fails('from torchvision.models import no_such_net'),
+          fails('import transformers.no_such_module'))
+    from torchvision import transforms
+    from torchvision.models import resnet50
+    from torchvision.ops import box_iou
+    from transformers import Apache, CLIPModel, PreTrainedModel  # Apache: in the license header, never bound
+    import torchvision.transforms.functional as F
+    print(sorted(n for n, m in sys.modules.items() if n.partition('.')[0] in ('torchvision', 'transformers')
+                 and not isinstance(m, DeferredModule)))
+print([n for n, m in sys.modules.items() if isinstance(m, DeferredModule)], isinstance(CLIPModel, Deferred))
+import torchvision, transformers
+import torchvision.transforms.functional
+print(transforms.Compose is torchvision.transforms.Compose, resnet50.resolve() is torchvision.models.resnet50,
+      box_iou.resolve() is torchvision.ops.box_iou, CLIPModel.resolve() is transformers.CLIPModel,
+      PreTrainedModel.resolve() is transformers.PreTrainedModel, F.resize.resolve() is torchvision.transforms.functional.resize)
+try:
+    Apache.resolve()
+    print('resolved')
+except ImportError as e:
+    print(type(e).__name__)
+"""
+
+
+def test_what_does_not_exist_fails_at_the_import_and_what_does_is_the_real_object_at_first_use():
+    assert run(WITH_BOTH) == [
+        "True True None",
+        "ImportError ModuleNotFoundError ImportError ImportError ModuleNotFoundError",
+        "[]",
+        "[] True",
+        "True True True True True True",
+        "ImportError",
+    ]
