@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from attnlab.callbacks import job_cost
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.cli import slurm as driver
-from attnlab.cli.slurm.cluster import Cluster, NodeKind, Partition, parse_sinfo
+from attnlab.lineage import code_record
+from attnlab.utils.slurm_nodes import Cluster, NodeKind, Partition, parse_sinfo
 from attnlab.config import CONF_DIR
 from attnlab.utils import job_costs as estimates
 
@@ -93,7 +94,7 @@ def test_a_folders_size_counts_its_first_entries_breadth_first(tmp_path):
 def test_the_code_is_the_lineages_commits():
     from attnlab import lineage
 
-    record = estimates.code_record()
+    record = code_record()
     commit = (lineage._git(__import__("pathlib").Path.cwd(), with_diff=False)[0] or {}).get("commit")
     assert commit and commit in estimates.code_version(record)
     assert estimates.code_version({**record, "git": {"commit": "0" * 40}}) != estimates.code_version(record)
@@ -128,7 +129,7 @@ def _job(tmp_path, monkeypatch, argv: list[str], job_id: str):
     monkeypatch.setenv("SLURM_JOB_PARTITION", "debug")
     monkeypatch.setenv("SLURM_JOB_ID", job_id)
     metadata = RunMetadata({"paths": {"cache_dir": str(tmp_path / "cache")}})
-    metadata.lineage = estimates.code_record()
+    metadata.lineage = code_record()
     trainer = SimpleNamespace(callbacks=[metadata], num_devices=1, num_nodes=1, is_global_zero=True, global_step=0,
                               num_training_batches=100, accumulate_grad_batches=1)
     return trainer
@@ -139,7 +140,7 @@ def test_a_sweep_is_sized_from_its_jobs_own_records(tmp_path, monkeypatch):
     data.batch_size records under the key the job computes; the next sweep finds both, whose estimates give the same
     time limit (no comparison of the records), and keeps the user's signal lead."""
     part = Partition("debug", [KIND], time_limit_min=1440, default=True)
-    monkeypatch.setattr("attnlab.cli.slurm.cluster.read_cluster", lambda: Cluster({"debug": part}))
+    monkeypatch.setattr("attnlab.utils.slurm_nodes.read_cluster", lambda: Cluster({"debug": part}))
     monkeypatch.setattr("attnlab.cli.slurm.sbatch.test_only", lambda params, named: None)
     common = ["launcher=slurm", "trainer=cpu", f"paths.cache_dir={tmp_path / 'cache'}", "launcher.timeout_min=auto",
               "launcher.mem_gb=auto", "trainer.max_epochs=3"]

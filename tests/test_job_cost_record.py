@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from attnlab.callbacks import job_cost
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.cli.slurm import estimates as sizing
-from attnlab.cli.slurm.cluster import NodeKind, Partition
+from attnlab.utils.slurm_nodes import NodeKind, Partition
 from attnlab.cli.slurm.fit import Fit, Settings
 from attnlab.utils import job_costs as estimates
 

@@ -228,3 +228,70 @@ def test_every_launch_command_in_the_docs_is_a_tested_form():
                 forms.add(form)
     assert {"torchrun --nnodes 2", "sbatch ... srun python train.py", "python train.py"} <= forms
     assert forms <= LAUNCH_FORMS.keys() | ELSEWHERE.keys(), forms - (LAUNCH_FORMS.keys() | ELSEWHERE.keys())
+
+
+TO_SHARDS = """
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from attnlab.cli.builders import load_task
+from attnlab.optim.param_groups import param_groups
+from attnlab.resume import read_run_metadata
+from attnlab.utils.sharded import by_name
+
+src, out = sys.argv[1:]
+dist.init_process_group("gloo")
+ckpt = torch.load(src, map_location="cpu", weights_only=True)
+meta = read_run_metadata(src)
+task = load_task(src, meta)
+name_of = {id(p): n for n, p in task.named_parameters()}
+groups = param_groups(task, meta["config"]["optimizer"].get("weight_decay") or 0.0)
+assert [len(g["params"]) for g in groups] == [len(g["params"]) for g in ckpt["optimizer_states"][0]["param_groups"]]
+names = [name_of[id(p)] for g in groups for p in g["params"]]
+state = {"model": ckpt.pop("state_dict")}
+state |= {f"optimizer_{i}": by_name(o, names) for i, o in enumerate(ckpt.pop("optimizer_states"))}
+dcp.save(state, checkpoint_id=out)  # each rank writes its part, over gloo
+if dist.get_rank() == 0:
+    torch.save(ckpt, f"{out}/meta.pt")  # the rest, as Lightning's FSDP strategy writes it
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_run_folder_whose_last_ckpt_is_a_sharded_folder_continues_from_it(tmp_path):
+    """A run folder whose last.ckpt is a sharded checkpoint (a folder of torch.distributed.checkpoint shards and
+    meta.pt, as Lightning's FSDP strategy writes it), started again on CPUs: it continues from that step, to the
+    same numbers as the same folder continued from the checkpoint file, and its next last.ckpt is a file. The
+    sharded folder is a copy of the first: a run folder moved elsewhere continues as it would have in place."""
+    import shutil
+
+    import torch
+
+    first = launch([sys.executable, "train.py", *DDP, *BUDGET, f"hydra.run.dir={tmp_path / 'file'}"], tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:]
+    shutil.copytree(tmp_path / "file", tmp_path / "sharded", symlinks=True)
+    last = tmp_path / "sharded" / "checkpoints" / "last.ckpt"
+    script = tmp_path / "to_shards.py"
+    script.write_text(TO_SHARDS)
+    converted = launch(["torchrun", "--standalone", "--nproc-per-node", "2", str(script), str(last),
+                        str(tmp_path / "shards")], tmp_path)
+    assert converted.returncode == 0, converted.stdout[-3000:]
+    last.unlink()
+    (tmp_path / "shards").rename(last)
+    assert (last / ".metadata").is_file() and (last / "meta.pt").is_file() and len(list(last.glob("*.distcp"))) == 2
+
+    more = [*DDP, *BUDGET, "trainer.max_epochs=2"]
+    results = {}
+    for name in ("file", "sharded"):
+        out = launch([sys.executable, "train.py", *more, f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        assert out.returncode == 0 and "Traceback" not in out.stdout, out.stdout[-3000:]
+        checkpoints = tmp_path / name / "checkpoints"
+        assert f"resuming from {checkpoints / 'last.ckpt'}" in out.stdout
+        assert (checkpoints / "last.ckpt").is_file()  # the folder replaced by the next save
+        assert torch.load(checkpoints / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 8
+        results[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    assert results["sharded"] == pytest.approx(results["file"], abs=1e-6)

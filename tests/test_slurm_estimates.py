@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from attnlab.cli.slurm import estimates as sizing
-from attnlab.cli.slurm.cluster import NodeKind, Partition
+from attnlab.utils.slurm_nodes import NodeKind, Partition
 from attnlab.cli.slurm.fit import AUTO, Fit, Settings
 from attnlab.utils import job_costs as estimates
 

@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 from attnlab.errors import UserError
+from attnlab.utils.sharded import is_checkpoint, is_sharded
 
 
 def newest_last(folder: Path) -> Path | None:
     """The newest checkpoints/last.ckpt under `folder` (any depth), or None. A last.ckpt that is a link is dated by
     its file, written when its step was saved (a symbolic link made later does not make its run the newer one);
     one whose file is gone is passed over."""
-    found = [p for p in folder.glob("**/checkpoints/last.ckpt") if p.is_file()] if folder.is_dir() else []
+    found = [p for p in folder.glob("**/checkpoints/last.ckpt") if is_checkpoint(p)] if folder.is_dir() else []
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
@@ -23,6 +24,8 @@ def find_checkpoint(given: str, key: str, what: str) -> Path:
     """`given` is a .ckpt file, or a folder: its newest checkpoints/last.ckpt. `key` is the setting that named it
     (model.init_from), `what` the kind of run expected (e.g. "an MAE pretraining run (model=mae)")."""
     path = Path(given).expanduser()
+    if is_sharded(path):
+        return path
     if path.is_dir():
         found = newest_last(path)
         if found is None:
@@ -39,6 +42,10 @@ def read_checkpoint(path: str | Path, key: str = "ckpt_path", mmap: bool = False
     """The checkpoint's dict. Checkpoints attnlab wrote are read with weights_only=False: a user's LightningModule
     may keep its network among its hyperparameters."""
     try:
+        if is_sharded(path):  # a folder of torch.distributed.checkpoint shards, read whole
+            from attnlab.utils.sharded import read_sharded
+
+            return read_sharded(path)
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except Exception as e:
         raise UserError(f"{key}: cannot read {path}: {e}. The file is not a PyTorch checkpoint or is "

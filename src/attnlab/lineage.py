@@ -230,3 +230,17 @@ def flatten(record: dict[str, Any] | None) -> dict[str, Any]:
         if key not in ("started", "ended", "earlier"):
             walk(value, key)
     return out
+
+
+def code_record(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The code as the run's lineage records it (collect): attnlab's version, the working
+    directory's checkout (`git`) and attnlab's own checkout where it is another one (`attnlab_git`)."""
+    import attnlab
+
+    cwd = Path(cwd or os.getcwd())
+    git, _ = _git(cwd, with_diff=False)
+    record: dict[str, Any] = {"attnlab": attnlab.__version__, "git": git}
+    source = Path(attnlab.__file__).resolve().parents[2]
+    if git is None or not _is_under(source, Path(git["root"])):
+        record["attnlab_git"], _ = _git(source, with_diff=False)
+    return record

@@ -14,6 +14,7 @@ import torch
 
 from attnlab.checkpoints import newest_last, read_checkpoint
 from attnlab.errors import UserError
+from attnlab.utils.sharded import is_checkpoint
 
 log = logging.getLogger("attnlab")
 
@@ -58,7 +59,7 @@ def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | Non
         log.info("ckpt_path=last: %s", last)
         return str(last)
     path = Path(ckpt_path)
-    if not path.is_file():
+    if not is_checkpoint(path):
         near = sorted(str(p) for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
         raise UserError(
             f"ckpt_path={ckpt_path} does not exist. "
@@ -72,8 +73,8 @@ def checkpoint_in_run_dir(checkpoints: Path, resume: bool) -> str | None:
     """The run directory's own last.ckpt (in `checkpoints`, its checkpoint folder) when `resume` is on: the run was
     interrupted (a crash, a kill, a SLURM preemption) and is started again in the same directory, where it continues
     at the step and batch it stopped."""
-    last = checkpoints / "last.ckpt"
-    if not last.is_file():
+    last = checkpoints / "last.ckpt"  # a file, or the folder of a sharded checkpoint (attnlab.utils.sharded)
+    if not is_checkpoint(last):
         return None
     if not resume:
         log.warning("resume=false: starting over in %s; its checkpoints will be replaced", last.parents[1])

@@ -43,6 +43,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         with atomic_path(path) as tmp:  # a full disk or a kill leaves the previous checkpoint, and no temporary
             self.write(checkpoint, tmp)
 
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        """A checkpoint file as Lightning reads it, or a sharded checkpoint folder read whole (utils/sharded.py)."""
+        from attnlab.utils.sharded import is_sharded, read_sharded
+
+        if is_sharded(path):
+            return read_sharded(path, weights_only=weights_only is not False)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
     def write(self, checkpoint, file: Path) -> None:
         with open(file, "wb") as fh:
             torch.save(checkpoint, fh)
@@ -63,7 +71,7 @@ class ModelCheckpoint(CheckpointBase):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
+        super().load_state_dict(_moved(state_dict, self.dirpath))
         self._resumed_value = state_dict.get("monitored_value")
 
     def monitor_candidates(self, trainer) -> dict:
@@ -130,3 +138,30 @@ class ModelCheckpoint(CheckpointBase):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)) and not trainer.sanity_checking:
             self.save_last_now(trainer)
+
+
+def _moved(state: dict, dirpath: str | None) -> dict:
+    """The callback's state of a run folder that was moved (copied off a cluster's scratch, renamed) and continues
+    in its new place: its paths named in the new folder, so that last.ckpt and the top-k files stay the ones it
+    replaces and prunes (Lightning keeps none of them when the folder changed, and would write `last-v1.ckpt`
+    beside the last.ckpt it resumed from). A state from another folder whose files are not here (ckpt_path= of
+    another run) is left as it is."""
+    old = state.get("dirpath")
+    if not old or not dirpath or old == dirpath:
+        return state
+
+    def here(path):
+        if not isinstance(path, str) or not path.startswith(old.rstrip("/") + "/"):
+            return path
+        return str(Path(dirpath) / Path(path).relative_to(old))
+
+    last = here(state.get("last_model_path"))
+    if not last or not Path(last).exists():
+        return state
+    moved = dict(state, dirpath=dirpath, last_model_path=last)
+    for key in ("best_model_path", "kth_best_model_path"):
+        moved[key] = here(state.get(key))
+    moved["best_k_models"] = {here(k): v for k, v in (state.get("best_k_models") or {}).items()
+                              if Path(here(k)).exists()}
+    return moved
+

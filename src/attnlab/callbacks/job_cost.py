@@ -104,6 +104,7 @@ def ran_out_of_time(trainer, exception: BaseException) -> bool:
 def where_recorded(trainer) -> tuple[str, str, str] | None:
     """(cache dir, partition, key) under which this job's measurement is kept; None outside a SLURM job of a Hydra
     run, or where the key cannot be computed (no `.hydra/config.yaml`, `sinfo` does not know the node)."""
+    from attnlab import lineage
     from attnlab.callbacks.run_metadata import RunMetadata
     from attnlab.utils import job_costs as estimates
 
@@ -117,7 +118,7 @@ def where_recorded(trainer) -> tuple[str, str, str] | None:
         node = estimates.job_node_type() if cfg is not None else None
         if node is None:
             return None
-        code = estimates.code_version(getattr(metadata, "lineage", None) or estimates.code_record())
+        code = estimates.code_version(getattr(metadata, "lineage", None) or lineage.code_record())
         key = estimates.fingerprint(cfg, devices=trainer.num_devices, nodes=trainer.num_nodes, node=node, code=code)
     except Exception:  # the estimate is a convenience: it never stops a run
         return None

@@ -24,13 +24,25 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp
         _fsync(tmp)
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         _name_file(e, tmp)
         raise
     finally:
         _in_flight.discard(tmp)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """os.replace, also over a folder (a sharded checkpoint's last.ckpt replaced by a file): the folder is renamed
+    aside first and removed once the new file is in place, so a kill leaves one of the two under the name."""
+    if not path.is_dir() or path.is_symlink():
+        os.replace(tmp, path)
+        return
+    aside = path.with_name(f".{path.name}.{os.getpid()}.replaced")
+    os.replace(path, aside)
+    os.replace(tmp, path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 _in_flight: set[Path] = set()  # the temporary files of this process's writes that have not ended yet

@@ -158,23 +158,8 @@ def _tree_size(path: Path, limit: int = MAX_DATA_ENTRIES) -> list[int]:
     return [files, size]
 
 
-def code_record(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The code as the run's lineage records it (attnlab.lineage.collect): attnlab's version, the working
-    directory's checkout (`git`) and attnlab's own checkout where it is another one (`attnlab_git`)."""
-    import attnlab
-    from attnlab import lineage
-
-    cwd = Path(cwd or os.getcwd())
-    git, _ = lineage._git(cwd, with_diff=False)
-    record: dict[str, Any] = {"attnlab": attnlab.__version__, "git": git}
-    source = Path(attnlab.__file__).resolve().parents[2]
-    if git is None or not lineage._is_under(source, Path(git["root"])):
-        record["attnlab_git"], _ = lineage._git(source, with_diff=False)
-    return record
-
-
 def code_version(record: dict[str, Any]) -> str:
-    """The code of a lineage record (code_record, or the job's own lineage) as the key holds it: the commits."""
+    """The code of a lineage record (lineage.code_record, or the job's own lineage) as the key holds it: the commits."""
     commits = [(record.get(k) or {}).get("commit") for k in ("git", "attnlab_git")]
     return json.dumps([record.get("attnlab"), *commits])
 
@@ -187,7 +172,7 @@ def node_type(kind) -> str:
 def job_node_type(env=os.environ) -> str | None:
     """The kind of node this job runs on (its rank 0's), as `sinfo` reports it for the driver; None where `sinfo`
     cannot say."""
-    from attnlab.cli.slurm.cluster import SINFO_FORMAT, parse_sinfo
+    from attnlab.utils.slurm_nodes import SINFO_FORMAT, parse_sinfo
 
     node, partition = env.get("SLURMD_NODENAME"), env.get("SLURM_JOB_PARTITION")
     if not (node and partition):

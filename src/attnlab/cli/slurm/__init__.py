@@ -46,7 +46,7 @@ def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     if not args.multirun and "MULTIRUN" not in str(cfgs[0].hydra.get("mode")):  # a single run trains here
         return argv
     given = _given(overrides)
-    from attnlab.cli.slurm.cluster import read_cluster
+    from attnlab.utils.slurm_nodes import read_cluster
     from attnlab.cli.slurm.fit import fit
 
     cluster = read_cluster()

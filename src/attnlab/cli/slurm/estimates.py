@@ -13,7 +13,8 @@ import itertools
 import math
 from typing import Any
 
-from attnlab.utils.job_costs import (MEM_MARGIN, MEM_SLACK_GB, TIME_MARGIN, TIME_SLACK_S, code_record, code_version,
+from attnlab.lineage import code_record
+from attnlab.utils.job_costs import (MEM_MARGIN, MEM_SLACK_GB, TIME_MARGIN, TIME_SLACK_S, code_version,
                                      costs, data_size, fingerprint, lookup, node_type,
                                      run_steps)
 

@@ -1,0 +1,145 @@
+"""Sharded checkpoints: a `last.ckpt` that is a folder, as Lightning's FSDP strategy writes it with
+`state_dict_type="sharded"`: the model and optimizer states in `torch.distributed.checkpoint` (DCP) format (a
+`.metadata` file and one `.distcp` file per rank), and the rest of the checkpoint (loops, callbacks, the run's
+metadata) in `meta.pt`.
+
+A run under FSDP reads such a folder itself, shard by shard (Lightning's FSDPStrategy). Everywhere else, a run that
+continues from one (the same run folder started again on a machine without the GPUs it was sharded over,
+`ckpt_path=`, eval.py, export.py) gets it whole from `read_sharded`: every tensor gathered on the CPU, the optimizer
+states keyed as `torch.optim` keys them. Nothing in the folder can run code when it is read: `meta.pt` is read with
+`weights_only=True`, the tensors DCP stores as bytes too (DCP's own reader), and `.metadata`, which DCP writes as a
+plain pickle, through an unpickler that admits only that format's own classes (`SafeReader`).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+META = "meta.pt"  # Lightning's name for the rest of the checkpoint (lightning.fabric.utilities.load._METADATA_FILENAME)
+
+
+def is_sharded(path: str | Path) -> bool:
+    """A folder holding a sharded checkpoint (Lightning's test: a folder with its meta.pt)."""
+    path = Path(path)
+    return path.is_dir() and (path / META).is_file()
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """A checkpoint file, or a sharded checkpoint folder."""
+    return Path(path).is_file() or is_sharded(path)
+
+
+class UnsafeGlobal(pickle.UnpicklingError):
+    """A pickle asks for a global outside what its format needs."""
+
+    def __init__(self, name: str, path: Path):
+        super().__init__(f"{path} asks for {name}, which a {path.name} of torch.distributed.checkpoint never holds")
+        self.name, self.path = name, path
+
+
+def _dcp_globals() -> dict[tuple[str, str], Any]:
+    import dataclasses
+    import enum
+    import pathlib
+
+    import torch
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    allowed: dict[tuple[str, str], Any] = {
+        ("torch", "Size"): torch.Size,
+        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # name -> torch.layout, as torch's own
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+        ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    }
+    for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+        allowed[("pathlib", name)] = getattr(pathlib, name)
+    for name, value in vars(metadata).items():  # the format's dataclasses and enums, nothing callable else
+        if isinstance(value, type) and value.__module__ == metadata.__name__ and (
+                dataclasses.is_dataclass(value) or issubclass(value, enum.Enum)):
+            allowed[(metadata.__name__, name)] = value
+    for name in dir(torch):
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            allowed[("torch", name)] = getattr(torch, name)
+    return allowed
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self.path, self.allowed = path, _dcp_globals()
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self.allowed.get((module, name))
+        if found is None:
+            raise UnsafeGlobal(f"{module}.{name}", self.path)
+        return found
+
+
+def read_dcp_metadata(path: Path):
+    """DCP's `.metadata` of a sharded folder, its pickle restricted to the format's own classes."""
+    with open(path / ".metadata", "rb") as fh:
+        return _MetadataUnpickler(fh, path / ".metadata").load()
+
+
+def _reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        """DCP's file reader, its metadata read by read_dcp_metadata."""
+
+        def read_metadata(self, *args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            found = read_dcp_metadata(path)
+            if getattr(found, "storage_meta", None) is None:
+                found.storage_meta = StorageMeta()
+            found.storage_meta.load_id = self.load_id
+            return found
+
+    return SafeReader(path)
+
+
+def read_sharded(path: str | Path, weights_only: bool = True) -> dict[str, Any]:
+    """The whole checkpoint a sharded folder holds, as one process's `torch.load` of a checkpoint file gives it:
+    meta.pt's keys, `state_dict` (the model), `optimizer_states` (keyed by parameter index)."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    path = Path(path)
+    checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
+    states: dict[str, Any] = {}
+    # what torch's dcp_to_torch_save does, with the reader whose metadata cannot run code
+    _load_state_dict(states, storage_reader=_reader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    # DCP gives back nested dicts; round trip through torch.save so the result is what a checkpoint file gives
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    buffer.seek(0)
+    states = torch.load(buffer, map_location="cpu", weights_only=True)
+    checkpoint["state_dict"] = states.pop("model")
+    optimizers = sorted((k for k in states if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
+    checkpoint["optimizer_states"] = [by_index(states[k]) for k in optimizers]
+    return checkpoint
+
+
+def by_name(optimizer_state: dict, names: list[str]) -> dict:
+    """An optimizer's state_dict keyed by parameter name (`names`, in the order of its param groups' parameters), as
+    FSDP's sharded optimizer state keys it."""
+    ids = [i for group in optimizer_state["param_groups"] for i in group["params"]]
+    name_of = dict(zip(ids, names))
+    groups = [g | {"params": [name_of[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]
+    return {"state": {name_of[i]: s for i, s in optimizer_state["state"].items()}, "param_groups": groups}
+
+
+def by_index(optimizer_state: dict) -> dict:
+    """An optimizer's state_dict keyed by parameter name, keyed by index as `torch.optim` keys it (the parameters
+    numbered in the order of the param groups)."""
+    names = [n for group in optimizer_state["param_groups"] for n in group["params"]]
+    if all(isinstance(n, int) for n in names):
+        return optimizer_state
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: s for n, s in optimizer_state.get("state", {}).items()},
+            "param_groups": [g | {"params": [index[n] for n in g["params"]]} for g in optimizer_state["param_groups"]]}
