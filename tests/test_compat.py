@@ -22,6 +22,7 @@ def test_the_internals_compat_uses_exist():
     loop = trainer.fit_loop
     for name in ("_combined_loader_states_to_load", "_combined_loader", "_data_fetcher"):
         assert hasattr(loop, name), name
+    assert callable(loop.epoch_loop._should_check_val_fx)
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
     assert callable(CombinedLoader._load_state_dicts)
@@ -30,7 +31,7 @@ def test_the_internals_compat_uses_exist():
                  "_save_checkpoint", "_should_remove_checkpoint", "file_exists", "format_checkpoint_name"):
         assert callable(getattr(ModelCheckpoint, name)), name
     callback = ModelCheckpoint()
-    for name in ("_last_checkpoint_saved", "_last_global_step_saved", "_enable_version_counter", "CHECKPOINT_NAME_LAST",
+    for name in ("_every_n_train_steps", "_last_checkpoint_saved", "_last_global_step_saved", "_enable_version_counter", "CHECKPOINT_NAME_LAST",
                  "STARTING_VERSION", "last_model_path"):
         assert hasattr(callback, name), name
     assert compat.logs_this_step(trainer) in (True, False)

@@ -18,7 +18,7 @@ import torch
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 import prefork
-from conftest import ROOT, DATA_DIR, wandb_offline
+from conftest import ROOT, DATA_DIR, run_cli, wandb_offline
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
@@ -396,3 +396,47 @@ def test_a_second_sigterm_ends_at_once_leaving_no_temporary_file_and_the_wandb_r
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     exits = [r.exit.exit_code for r in wandb_records(run_file) if r.WhichOneof("record_type") == "exit"]
     assert exits == [128 + signal.SIGTERM], exits
+
+
+# a user's callback that ends the process at once (as SIGKILL would) when the second epoch's validation starts, once
+# (the marker file says it has)
+KILL_AT_VALIDATION = '''
+import os
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
+class KillAtValidation(Callback):
+    def __init__(self, marker: str):
+        self.marker = Path(marker)
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking and trainer.current_epoch == 1 and not self.marker.exists():
+            self.marker.touch()
+            os._exit(137)
+'''
+
+
+def test_a_run_killed_during_the_validation_after_a_step_save_validates_when_resumed(tmp_path):
+    """A step save (every_n_train_steps) falls on the epoch's last batch, and the run is killed during the
+    validation that follows: resumed, it validates that epoch, ending with the numbers of the run left alone (the
+    first epoch has a validation, so that step saves have the monitored metric)."""
+    (tmp_path / "killer.py").write_text(KILL_AT_VALIDATION)
+    env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": str(tmp_path)}
+    args = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2", "data.num_workers=0", "callbacks.model_checkpoint.every_n_train_steps=2",
+            "extras.print_config=false", "callbacks.progress_bar=null", "callbacks.model_summary=null"]
+    whole = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'whole'}", env=env)
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    killer = ["+callbacks.killer._target_=killer.KillAtValidation", f"+callbacks.killer.marker={tmp_path / 'killed'}"]
+    run_dir = tmp_path / "resumed"
+    first = run_cli("train.py", *args, *killer, f"hydra.run.dir={run_dir}", env=env)
+    assert first.returncode == 137 and (tmp_path / "killed").exists(), first.stdout[-3000:]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    again = run_cli("train.py", *args, *killer, f"hydra.run.dir={run_dir}", env=env)
+    assert again.returncode == 0 and f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in again.stdout
+    resumed = json.loads((run_dir / "metrics.json").read_text())
+    expected = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    for key in ("val/loss", "val/acc", "val/acc_best", "test/acc"):
+        assert resumed[key] == pytest.approx(expected[key], abs=1e-5), key

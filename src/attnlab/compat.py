@@ -51,6 +51,14 @@ def restore_loader_position(trainer) -> None:
         iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
 
 
+def validates_after_this_batch(trainer) -> bool:
+    """Whether a validation runs right after the training batch that just ended (the end of an epoch, or
+    `val_check_interval`): Lightning's own decision (`_should_check_val_fx`)."""
+    loop = trainer.fit_loop
+    fetcher = loop._data_fetcher
+    return fetcher is not None and bool(loop.epoch_loop._should_check_val_fx(fetcher))
+
+
 def stop_after_this_step(trainer) -> None:
     """Stop training at the end of the current step, as Lightning stops on SIGTERM: a SIGTERMException, on which the
     checkpoint callbacks' on_exception save. Each process checks its own flag: in a run of several, set it in all of
@@ -98,6 +106,14 @@ class CheckpointBase(ModelCheckpoint):
 
     def _monitor_candidates(self, trainer) -> dict:
         return self.monitor_candidates(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """A step save (every_n_train_steps) at a batch that a validation follows is left to the save after that
+        validation: Lightning resumes a checkpoint saved at such a batch past the validation, which would then
+        never run (a kill during the last validation would leave the run without its validation metrics)."""
+        if self._every_n_train_steps and not trainer.sanity_checking and validates_after_this_batch(trainer):
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def save_last_now(self, trainer) -> None:
         """Write last.ckpt now (when save_last is on and this is not a sanity check or fast_dev_run)."""

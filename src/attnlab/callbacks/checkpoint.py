@@ -1,10 +1,12 @@
-"""Lightning's ModelCheckpoint with three changes:
+"""Lightning's ModelCheckpoint, changed where a resumed or stopped run needs it:
 
 - `last.ckpt` is written at every save point. Lightning >= 2.5 refreshes it only when a top-k checkpoint was
   saved in the same step, so a run whose monitored metric stopped improving would resume from an old epoch.
 - On SIGTERM (a cluster's preemption or `kill`) or Ctrl-C, the current state is saved to `last.ckpt` before exit.
   Other errors (a NaN loss, bad input) save nothing: what was written before them stays the last good state.
 
+- A step save (`every_n_train_steps`) at a batch a validation follows waits for the save after that validation:
+  Lightning resumes a checkpoint of such a batch past the validation, which would never run.
 - A run resumed mid-epoch uses the interrupted run's last monitored value until its first validation, so
   `every_n_train_steps` saves keep the best checkpoint an uninterrupted run would keep.
 - On a tie of the monitored metric the newer checkpoint wins: with an annealed schedule the later weights are the
