@@ -28,6 +28,36 @@ def add_best_of_monitor(plan, metrics: dict[str, float], trainer) -> None:
         metrics[key] = float(ckpt.best_model_score)
 
 
+def add_last_and_reported(plan, metrics: dict, dm) -> None:
+    """`<monitor>_last`: the score of the last validation, where training ended (the last epoch's; `<monitor>` as
+    logged last), beside `<monitor>_best`, the best validation's, which also chose the checkpoint and so is
+    optimistic: published results report one or the other, and the summary shows both. `reported_split: "val"` where
+    the data's validation split is the benchmark's official evaluation set (its `benchmark_split`: ImageNet-1k,
+    ADE20K)."""
+    from attnlab.protocols import data as data_hooks
+
+    key = plan.model.monitor
+    if key and key in metrics and plan.run.train:
+        metrics[f"{key}_last"] = float(metrics[key])
+    if data_hooks.benchmark_split(dm):
+        metrics["reported_split"] = "val"
+
+
+def protocol_line(plan, metrics: dict, dm) -> str | None:
+    """The summary's line saying which split is the reported one, where the data's validation split is the
+    benchmark's official evaluation set."""
+    from attnlab.protocols import data as data_hooks
+
+    benchmark = data_hooks.benchmark_split(dm) if metrics.get("reported_split") == "val" else ""
+    if not benchmark:
+        return None
+    key = plan.model.monitor
+    return (f"  the validation split is the reported set: {benchmark}, the benchmark's official evaluation split, "
+            f"as published results use it (trained on the whole training split); {key}_last is the last epoch's "
+            f"score, {key}_best the best epoch's (chosen on this split, so optimistic)"
+            + ("; test/* re-measure the best checkpoint on it" if metrics.get("test_is_validation") else ""))
+
+
 def finished_already(plan, out_dir: Path, step: int) -> float | None:
     """A run started again in the directory of a run that had finished: nothing to do, its results stand."""
     import json
@@ -55,6 +85,7 @@ def report(plan, metrics: dict[str, float], trainer, out_dir: Path, estimate=Non
 
     from attnlab.memory import GiB
 
+    add_last_and_reported(plan, metrics, trainer.datamodule)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     lines = [f"  {k:<24} {v:.4f}" for k, v in sorted(metrics.items())
              if k.startswith(("test/", "val/")) and not k.endswith("_step")]
@@ -62,7 +93,10 @@ def report(plan, metrics: dict[str, float], trainer, out_dir: Path, estimate=Non
     device, peak = peak_memory(trainer.strategy.root_device)
     lines.append(f"  peak memory ({device})      {peak / GiB:.2f} GiB"
                  + (f" (estimated at start: {estimate.total / GiB:.2f} GiB)" if estimate is not None else ""))
-    if metrics.get("test_is_validation"):
+    protocol = protocol_line(plan, metrics, trainer.datamodule)
+    if protocol:
+        lines.append(protocol)
+    elif metrics.get("test_is_validation"):
         lines.append("  test/* are measured on the validation split (this data has no held-out test split; the best "
                      "checkpoint was chosen on it): not a held-out test score")
     summary = "\n".join([f"Results of {plan.run.task_name}:", *lines, f"  run directory: {out_dir}"]

@@ -41,8 +41,12 @@ ADE20K_MISSING = (
 
 class ADE20KDataModule(SegmentationDataModule):
     """ADE20K / SceneParsing-150 from the Hugging Face hub (train 20,210, validation 2,000 images). Mask value 0
-    ("other") is ignored and 1..150 become classes 0..149, as in the benchmark. The validation split is also the
-    test split."""
+    ("other") is ignored and 1..150 become classes 0..149, as in the benchmark. The validation split is the
+    benchmark's official evaluation split, the one published mIoU is reported on: it is also the test split, and
+    the run's summary says it is the reported set."""
+
+    test_is_validation = True
+    benchmark_split = ""  # named once the splits are read
 
     def __init__(self, hf_name: str = "scene_parse_150", hf_config: str | None = "scene_parsing",
                  hf_revision: str | None = "refs/convert/parquet", **kwargs: Any):
@@ -69,6 +73,7 @@ class ADE20KDataModule(SegmentationDataModule):
             raise UserError(ADE20K_MISSING.format(name=self.hf_name, config=self.hf_config,
                                                   revision=self.hf_revision, error=f"{type(e).__name__}: {e}")) from e
         val = self._split(ds["validation"])
+        self.benchmark_split = f"ADE20K's {len(val):,} validation images"
         return self._split(ds["train"]), val, val
 
 

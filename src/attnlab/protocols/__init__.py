@@ -5,7 +5,7 @@
   (`net_settings`, `init_tokenizer`, `init_settings`, `predictor`) and instance hooks (`check_data`,
   `batch_size_of`, `tokens_of`, `flops_per_sample`, `flops_of`, `decode_cfg`, `net`, `tokenizer_json`).
 - `data.py`: a data module (the LightningDataModule `data._target_` names): `info()` and the `DataInfo` it returns,
-  `use_tokenizer(json)`, `test_is_validation`, `batch_size`, `train_set`.
+  `use_tokenizer(json)`, `test_is_validation`, `benchmark_split`, `batch_size`, `train_set`.
 
 Every hook is optional. The platform calls a hook only through the accessor declared next to its protocol
 (`attnlab.protocols.task.check_data(task, info)`, ...), which gives the answer for an object without it; no other

@@ -14,6 +14,10 @@ Every hook is optional; the accessors below give the answer for a data module wi
 - `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split (the data has none of its
   own, or the user asked for that): the training entry point says so with its test results (`cli/train.py`,
   `metrics.json`'s `test_is_validation`, the summary). Without it: false.
+- `benchmark_split: str` (`ReportsValidation`): the validation split is the benchmark's official evaluation set,
+  the one published results are reported on (ImageNet-1k's validation images, ADE20K's validation split), named in
+  words; the run's summary says it is the reported set and `metrics.json` records `"reported_split": "val"`
+  (`cli/report.py`). Without it (or empty): nothing is said.
 - `batch_size: int` (`Batched`): samples per training batch; `optimizer.blr` scales the lr by it
   (`tasks/base.py`), preflight searches it. Without it: `optimizer.blr` is refused, preflight reports no size.
 - `train_set` (`HasTrainSet`, a sized dataset): the training split, which no batch may exceed (preflight).
@@ -85,6 +89,11 @@ class SharesTestSplit(Protocol):
 
 
 @runtime_checkable
+class ReportsValidation(Protocol):
+    benchmark_split: str
+
+
+@runtime_checkable
 class Batched(Protocol):
     batch_size: int
 
@@ -113,6 +122,10 @@ def use_tokenizer(dm: object, tokenizer_json: str | None) -> bool:
 
 def test_is_validation(dm: object) -> bool:
     return bool(dm.test_is_validation) if isinstance(dm, SharesTestSplit) else False
+
+
+def benchmark_split(dm: object) -> str:
+    return str(dm.benchmark_split or "") if isinstance(dm, ReportsValidation) else ""
 
 
 def batch_size(dm: object) -> int | None:
