@@ -47,17 +47,21 @@ class FileImages(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def load(self, i: int) -> Image.Image:
+    def load(self, i: int, transform: Callable | None = None):
+        """Image i decoded; with a `transform` that reads files itself (`from_path`: file_transforms.py), what it
+        makes of the file."""
         path = self.samples[i][0]
         try:
-            return _decode(path, self.mode)
+            if transform is not None and hasattr(transform, "from_path"):
+                return transform.from_path(path, self.mode)
+            img = _decode(path, self.mode)
         except (UnidentifiedImageError, OSError, SyntaxError) as e:
             files = self.files if self.files is not None else [p for p, _ in self.samples]
             raise unreadable_images_error(files, self.mode, self.report_dir, (path, e)) from None
+        return transform(img) if transform is not None else img
 
     def __getitem__(self, i: int):
-        img = self.load(i)
-        return (self.transform(img) if self.transform else img), self.samples[i][1]
+        return self.load(i, self.transform), self.samples[i][1]
 
 
 def _decode(path: str | Path, mode: str) -> Image.Image:
@@ -120,7 +124,10 @@ class Transformed(Dataset):
         return len(self.indices) if self.indices is not None else len(self.base)
 
     def __getitem__(self, i: int):
-        img, y = self.base[self.indices[i] if self.indices is not None else i]
+        i = self.indices[i] if self.indices is not None else i
+        if isinstance(self.base, FileImages) and self.base.transform is None:  # the file read by the transform
+            return self.base.load(i, self.transform), self.base.samples[i][1]
+        img, y = self.base[i]
         return self.transform(img), y
 
 

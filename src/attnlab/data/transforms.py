@@ -40,23 +40,29 @@ def train_transform(image_size: int, channels: int, augment: dict[str, Any] | No
     augment = {k: v for k, v in augment.items() if k not in _DEVICE_SIDE}
     if channels == 1:  # RandAugment and color jitter assume RGB
         augment["auto_augment"], augment["color_jitter"] = None, None
-    return create_transform(
+    compose = create_transform(
         input_size=(channels, image_size, image_size), is_training=True, mean=mean, std=std, use_prefetcher=True,
         **({"interpolation": "bicubic"} | augment),
     )
+    from attnlab.data.file_transforms import TrainFromFile
+
+    return TrainFromFile(compose) if TrainFromFile.supports(compose) else compose
 
 
 def eval_transform(image_size: int, channels: int, augment: dict[str, Any] | None, normalize: bool = False):
-    """Resize + center crop (small images, <= 64 px, are not cropped) to a uint8 (C, H, W) tensor; with `normalize`
-    (prediction, outside a data module) to the normalized float32 tensor instead, the numbers `BatchNormalizer`
-    gives on the device."""
+    """Resize + center crop (small images, <= 64 px, are not cropped) to a uint8 (C, H, W) tensor, JPEGs at least
+    twice the resize size decoded at a reduced size (`EvalFromFile`); with `normalize` (prediction, outside a data
+    module) to the normalized float32 tensor instead, the numbers `BatchNormalizer` gives on the device."""
     augment = dict(augment or {})
     mean, std = image_stats(augment, channels)
     crop_pct = augment.get("crop_pct") or (1.0 if image_size <= 64 else 0.875)
-    return create_transform(
+    compose = create_transform(
         input_size=(channels, image_size, image_size), is_training=False, mean=mean, std=std,
         crop_pct=crop_pct, interpolation=augment.get("interpolation", "bicubic"), use_prefetcher=not normalize,
     )
+    from attnlab.data.file_transforms import EvalFromFile
+
+    return EvalFromFile(compose)
 
 
 class BatchNormalizer:

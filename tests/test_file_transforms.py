@@ -1,0 +1,195 @@
+"""The image files' transforms (data/file_transforms.py) give each sample timm's augmentation, not a cheaper one: the
+same draws (crop scale and ratio, flips, RandAugment's ops and magnitudes) from the same generators, on nearly the same
+pixels; a reduced-size decode for evaluation leaves a trained network's predictions as they were; the odd files of
+ImageNet (CMYK, a PNG named .JPEG, grayscale) read as Pillow reads them."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnlab.data import file_transforms
+from attnlab.data.file_transforms import EvalFromFile, TrainFromFile
+from attnlab.data.transforms import eval_transform, train_transform
+
+SWIN = {"scale": [0.08, 1.0], "hflip": 0.5, "auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25,
+        "re_mode": "pixel", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+DECODERS = ["pillow"] + (["simplejpeg"] if file_transforms.simplejpeg is not None else [])
+
+
+def _photo(path: Path, size: tuple[int, int], seed: int, fmt: str = "JPEG", mode: str = "RGB") -> str:
+    """Smooth random content (a small random image enlarged), as a photo compresses; (width, height)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 255, (max(2, size[1] // 24), max(2, size[0] // 24), 3), dtype=np.uint8)
+    img = Image.fromarray(small).resize(size, Image.BICUBIC)
+    img = img.convert(mode) if mode != "RGB" else img
+    img.save(path, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return str(path)
+
+
+def _seed(s: int) -> None:
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def _states():
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state()
+
+
+@pytest.fixture(params=DECODERS)
+def decoder(request, monkeypatch):
+    monkeypatch.setattr(file_transforms, "USE_SIMPLEJPEG", request.param == "simplejpeg")
+    assert file_transforms.decoder() == request.param
+    return request.param
+
+
+def test_each_file_gets_timms_draws_and_nearly_timms_pixels(tmp_path, decoder):
+    """With the generators seeded alike, timm's transform on the decoded image and `from_path` on the file draw the
+    same numbers (the generators end in the same state: the crop, its interpolation, the flip, RandAugment's two
+    ops, their probabilities and magnitudes) and give the same image within resampling rounding."""
+    tf = train_transform(224, 3, SWIN)
+    assert isinstance(tf, TrainFromFile)
+    files = [_photo(tmp_path / f"{i}.jpg", size, i) for i, size in enumerate([(500, 375), (375, 500), (320, 240)])]
+    diffs = []
+    for s in range(16):
+        path = files[s % len(files)]
+        _seed(s)
+        expected = tf.compose(Image.open(path).convert("RGB"))
+        after_timm = _states()
+        _seed(s)
+        got = tf.from_path(path)
+        assert _states()[0] == after_timm[0] and _states()[1] == after_timm[1]
+        assert torch.equal(_states()[2], after_timm[2])
+        assert got.shape == expected.shape == (3, 224, 224) and got.dtype == torch.uint8
+        diffs.append((got.float() - expected.float()).abs().mean().item())
+    # torch's antialiased resize against Pillow's: a level in a few pixels; RandAugment's thresholds (solarize,
+    # posterize) may turn one into more
+    assert np.median(diffs) < 0.25 and max(diffs) < 3, diffs
+
+
+def test_the_augmentation_statistics_are_timms(tmp_path):
+    """Many draws, recorded from both: crop area and aspect ratio, flips, and RandAugment's op counts are timm's
+    (the ops are timm's own objects: the same table, probabilities and magnitudes)."""
+    tf = train_transform(64, 3, SWIN)
+    path = _photo(tmp_path / "a.jpg", (500, 375), 0)
+    ra = next(t for t in tf.middle if type(t).__name__ == "RandAugment")
+    assert [op.name for op in ra.ops] == [op.name for op in tf.compose.transforms[2].ops]
+    assert {op.magnitude for op in ra.ops} == {9} and {op.magnitude_std for op in ra.ops} == {0.5}
+
+    def record(run):
+        crops, calls = [], []
+        get_params = tf.crop.get_params
+        originals = {op: op.aug_fn for op in ra.ops}
+
+        def spy_params(img, scale, ratio):
+            out = get_params(img, scale, ratio)
+            crops.append(out)
+            return out
+
+        tf.crop.get_params = spy_params
+        for op in ra.ops:
+            op.aug_fn = (lambda fn, name: lambda img, *a, **k: (calls.append(name), fn(img, *a, **k))[1])(
+                originals[op], op.name)
+        try:
+            _seed(1)
+            for _ in range(300):
+                run()
+        finally:
+            del tf.crop.get_params
+            for op in ra.ops:
+                op.aug_fn = originals[op]
+        return np.array(crops, dtype=float), calls
+
+    img = Image.open(path).convert("RGB")
+    ours = record(lambda: tf.from_path(path))
+    theirs = record(lambda: tf.compose(img))
+    assert np.array_equal(ours[0], theirs[0]) and ours[1] == theirs[1]  # the very same draws, in order
+    area = ours[0][:, 2] * ours[0][:, 3] / (500 * 375)
+    aspect = ours[0][:, 3] / ours[0][:, 2]
+    assert 0.08 <= area.min() and area.max() <= 1.0 and 0.4 < area.mean() < 0.65
+    assert 3 / 4 - 0.01 <= aspect.min() and aspect.max() <= 4 / 3 + 0.01
+    assert 200 < len(ours[1]) < 400  # 2 ops a sample, each with probability 0.5: 300 expected
+    assert len(set(ours[1])) == 15
+
+
+@pytest.mark.parametrize("size, reduce", [((1600, 1200), 4), ((1000, 750), 2), ((500, 375), 1)])
+def test_a_crop_twice_the_output_is_decoded_at_a_reduced_size(tmp_path, size, reduce, monkeypatch):
+    """A crop at least twice the output on both sides decodes the JPEG at 1/2, 1/4 or 1/8 of its size, never below
+    the output's; the draws stay timm's and the image nearly timm's. (A square crop of the whole height: 1200 px
+    -> 1/4, 300 px >= 224; 750 -> 1/2; 375 -> whole.)"""
+    tf = train_transform(224, 3, SWIN | {"scale": [1.0, 1.0], "ratio": [1.0, 1.0], "auto_augment": None})
+    path = _photo(tmp_path / "big.jpg", size, 3)
+    seen = []
+    decode = file_transforms.EncodedImage.decode
+
+    def spy(self, r=1):
+        seen.append(r)
+        return decode(self, r)
+
+    monkeypatch.setattr(file_transforms.EncodedImage, "decode", spy)
+    _seed(0)
+    expected = tf.compose(Image.open(path).convert("RGB"))
+    _seed(0)
+    got = tf.from_path(path)
+    assert seen == [reduce]
+    assert (got.float() - expected.float()).abs().mean() < 1.5
+
+
+def _textures(root: Path, n: int, seed: int, size=(128, 96)) -> tuple[list[str], list[int]]:
+    """Four classes of smooth random images told apart by their colour balance, with overlap."""
+    rng = np.random.default_rng(seed)
+    paths, labels = [], []
+    tints = np.array([[1.1, 0.95, 0.95], [0.95, 1.1, 0.95], [0.95, 0.95, 1.1], [1.05, 1.05, 0.9]])
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        label = int(rng.integers(4))
+        small = rng.integers(40, 215, (size[1] // 8, size[0] // 8, 3)).astype(float)
+        small = np.clip(small * tints[label] * rng.uniform(0.85, 1.15, 3), 0, 255).astype(np.uint8)
+        Image.fromarray(small).resize(size, Image.BICUBIC).save(root / f"{i}.jpg", quality=90)
+        paths.append(str(root / f"{i}.jpg"))
+        labels.append(label)
+    return paths, labels
+
+
+def test_reduced_size_decoding_for_evaluation_keeps_a_trained_networks_predictions(tmp_path):
+    """JPEGs at least twice the evaluation size are decoded at half size before the resize and center crop: the
+    eval tensors stay within a level or two of the full decode's, and a classifier trained on full-size decodes (a
+    linear network on 8x8 pooled pixels, with errors to make) keeps its top-1 to 0.1 point on 1,000 images."""
+    from sklearn.linear_model import LogisticRegression
+
+    tf = eval_transform(32, 3, SWIN)
+    assert isinstance(tf, EvalFromFile) and tf.resize_to == 32
+    full = lambda p: tf.compose(Image.open(p).convert("RGB"))  # noqa: E731
+
+    def features(paths, read):
+        x = torch.stack([read(p) for p in paths]).float() / 255
+        return x, torch.nn.functional.avg_pool2d(x, 4).flatten(1).numpy()
+
+    train_paths, train_y = _textures(tmp_path / "train", 400, 0)
+    test_paths, test_y = _textures(tmp_path / "test", 1000, 1)
+    clf = LogisticRegression(max_iter=500).fit(features(train_paths, full)[1], train_y)
+    (exact, f_exact), (reduced, f_reduced) = features(test_paths, full), features(test_paths, tf.from_path)
+    assert (exact - reduced).abs().mean() * 255 < 2.0
+    right = [int((clf.predict(f) == np.array(test_y)).sum()) for f in (f_exact, f_reduced)]
+    assert 500 < right[0] < 1000, right  # a network with errors to make, not a separable toy
+    assert abs(right[0] - right[1]) <= 1, right  # top-1 within 0.1 point
+    assert (clf.predict(f_exact) != clf.predict(f_reduced)).sum() <= 10
+
+
+@pytest.mark.parametrize("kind", ["cmyk", "png", "gray"])
+def test_imagenets_odd_files_read_as_pillow_reads_them(tmp_path, kind, decoder):
+    """A CMYK JPEG, a PNG named .JPEG and a grayscale JPEG give the image timm's transform gives from Pillow."""
+    fmt, mode = {"cmyk": ("JPEG", "CMYK"), "png": ("PNG", "RGB"), "gray": ("JPEG", "L")}[kind]
+    path = _photo(tmp_path / "odd.JPEG", (300, 240), 5, fmt, mode)
+    for tf in (train_transform(64, 3, SWIN), eval_transform(64, 3, SWIN)):
+        _seed(2)
+        expected = tf.compose(Image.open(path).convert("RGB"))
+        _seed(2)
+        got = tf.from_path(path)
+        assert (got.float() - expected.float()).abs().mean() < 1.0
