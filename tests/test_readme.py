@@ -255,6 +255,8 @@ class Runner:
             program, args = argv[1], argv[2:]
         if program == "attnlab.compare":  # reads the runs of the block's earlier commands
             return self.subprocess(["-m", program, *args], env_prefix)
+        if program == "attnlab.data.prepare":  # on a miniature of image-net.org's files (tests/imagenet_mini.py)
+            return self.prepare(args)
         if program.startswith("benchmarks/") and cmd.marked:  # a [GPU] benchmark: the script is there, that is all
             assert (ROOT / program).is_file() and Path(program).name in BENCHMARK_BUDGET, cmd.text
             return
@@ -271,6 +273,17 @@ class Runner:
             extra = budget_args(entry, args)
             return self.subprocess(["-m", f"attnlab.{entry}", *args, *extra], env_prefix)
         self.in_process(entry, args)
+
+    def prepare(self, args: list[str]) -> None:
+        """`python -m attnlab.data.prepare imagenet <dir> [--out <dir>]`, in-process, its folders in this one; <dir>
+        gets a miniature of the three ILSVRC2012 files unless it is there."""
+        from attnlab.data.prepare import main
+        from imagenet_mini import make_archives
+
+        args = [a if i == 0 or a.startswith("-") else str(self.cwd / a.lstrip("/")) for i, a in enumerate(args)]
+        if args[0] == "imagenet" and not Path(args[1]).exists():
+            make_archives(Path(args[1]))
+        main(args)
 
     def on_cluster(self, cmd: Command, argv: list[str], env_prefix: dict) -> None:
         """A [SLURM] or [multi-node] command for real, with the budget: `python train.py -m launcher=slurm ...` on the
