@@ -29,6 +29,7 @@ BOUNDED = {
                 "checkpoint_and_try_requeue",
     "hydra-submitit-launcher": "its SlurmLauncher, which attnlab's launcher plugin extends",
     "torch": "torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE) that the ranks share their run folder through",
+    "litdata": "the streaming loader's restore flag, epoch and state keys, the dataset's distributed_env",
 }
 
 
@@ -121,6 +122,20 @@ def test_the_installed_versions_are_within_the_bounds():
         if req.marker is None and req.name.lower() in BOUNDED:
             assert req.specifier.contains(version(req.name), prereleases=True), f"{req.name} {version(req.name)} " \
                 f"is outside {req.specifier}"
+
+
+def test_litdata_loader_state_and_distributed_env():
+    # data/shard_loader.py: the run's epoch given to the loader unless it resumes (restore), the layout a state was
+    # saved with (its keys), the dataset's distributed_env rebuilt from its type for the trainer's world and rank
+    from litdata import StreamingDataLoader, StreamingDataset
+    from litdata.utilities.env import _DistributedEnv
+
+    assert _params(_DistributedEnv.__init__)[1:] == ["world_size", "global_rank", "num_nodes"]
+    loader = inspect.getsource(StreamingDataLoader.__iter__)
+    assert "self.restore" in loader and "self.current_epoch += 1" in loader, "StreamingDataLoader.__iter__"
+    saved = inspect.getsource(StreamingDataset.state_dict)
+    for key in ("world_size", "num_workers", "batch_size", "input_dir_path", "input_dir_url"):
+        assert f'"{key}"' in saved, f"StreamingDataset.state_dict()[{key!r}]"
 
 
 def test_optuna_study_storage_user_attrs():

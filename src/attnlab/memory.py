@@ -128,15 +128,20 @@ def sample_batch(dm):
     step receives it: after the data module's `on_after_batch_transfer` (images: uint8 -> normalized float)."""
     with torch.random.fork_rng(devices=[]):
         loader = dm.train_dataloader()
-        sampler = loader.batch_sampler
-        if sampler is None:
-            return None  # an iterable dataset that batches itself
-        lengths = getattr(sampler, "lengths", None)
-        if lengths is not None:
+        sampler, dataset = loader.batch_sampler, loader.dataset
+        if isinstance(dataset, torch.utils.data.IterableDataset):  # streamed (shards): the split's first samples
+            dataset = getattr(dm, "train_set", None)
+            if dataset is None or isinstance(dataset, torch.utils.data.IterableDataset):
+                return None  # an iterable dataset that batches itself
+            indices = range(min(loader.batch_size or 1, len(dataset)))
+        elif sampler is None:
+            return None
+        elif getattr(sampler, "lengths", None) is not None:
+            lengths = sampler.lengths
             indices = max(iter(sampler), key=lambda b: len(b) * int(max(lengths[i] for i in b)))
         else:
             indices = next(iter(sampler))
-        batch = loader.collate_fn([loader.dataset[i] for i in indices])
+        batch = loader.collate_fn([dataset[i] for i in indices])
         try:
             return dm.on_after_batch_transfer(batch, 0)
         except Exception as e:  # a user's hook that needs the trainer: the batch as the loader gives it

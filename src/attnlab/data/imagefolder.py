@@ -17,9 +17,20 @@ def find_split_dirs(root: Path) -> dict[str, Path]:
 
 
 class ImageFolderDataModule(ImageDataModule):
-    def __init__(self, root: str = "data/images", **kwargs: Any):
+    """`format: folder` reads the image files; `format: shards` the LitData shards that `python -m
+    attnlab.data.prepare shards` made of them, at `root` (a folder or a URL: shard_loader.py)."""
+
+    def __init__(self, root: str = "data/images", format: str = "folder", **kwargs: Any):
         super().__init__(**kwargs)
-        self.root = Path(root)
+        self.root, self.format, self.shards = Path(root), format, None
+        if format not in ("folder", "shards"):
+            raise UserError(f"data.format={format} is not known: use folder (the image files) or shards (LitData "
+                            "shards made by `python -m attnlab.data.prepare shards`).")
+        if format == "shards":
+            from attnlab.data.shard_loader import ShardSplits
+
+            self.shards, self.splits = ShardSplits(self, str(root)), {}
+            return
         self.splits = self._scan()
 
     def _scan(self) -> dict[str, list[tuple[str, int]]]:
@@ -78,6 +89,8 @@ class ImageFolderDataModule(ImageDataModule):
         """train/, val/ and test/ as given; a split without a folder of its own comes out of train/ (or out of a
         bare <class>/* tree) by data.val_fraction / data.test_fraction, so the test score is never measured on the
         data the best checkpoint was chosen on, unless data.test_fraction=0 asks for that (test_is_validation)."""
+        if self.shards is not None:
+            return self.shards.build_splits(self)
         tr, ev = self.train_transform(), self.eval_transform()
         has_val, has_test = "val" in self.splits, "test" in self.splits
         samples = list(self.splits.get("all") or self.splits["train"])
@@ -101,3 +114,8 @@ class ImageFolderDataModule(ImageDataModule):
         if test is None:  # no test/ folder and data.test_fraction=0: the user's choice, said with the results
             test, self.test_is_validation = val, True
         return train_set, val, test
+
+    def train_dataloader(self):
+        if self.shards is not None:
+            return self.shards.train_loader(self)
+        return super().train_dataloader()
