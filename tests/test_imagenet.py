@@ -263,3 +263,22 @@ def test_the_swin_recipe_is_the_official_one(tmp_path):
     assert "scale=(0.08, 1.0)" in shown and "interpolation=bicubic" in shown and "RandomHorizontalFlip(p=0.5)" in shown
     erasing = BatchNormalizer.from_augment(augment, 3).erasing
     assert erasing == {"probability": 0.25, "mode": "pixel", "max_count": 1, "num_splits": 0}
+
+
+def test_the_hugging_face_copy_reports_its_validation_split(monkeypatch, tmp_path):
+    """data.source=hf: the validation split is the test split and the reported set; repeated names told apart."""
+    import datasets
+    from PIL import Image
+
+    class Split(list):
+        features = {"label": type("ClassLabel", (), {"names": ["tench, Tinca tinca", "crane", "crane"]})()}
+
+    rows = Split({"image": Image.new("RGB", (12, 12)), "label": i % 3} for i in range(6))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: {"train": rows, "validation": Split(rows[:3])})
+    dm = ImageNetDataModule(root=str(tmp_path / "nowhere"), source="hf", num_classes=3, image_size=8, batch_size=2)
+    dm.setup("fit")
+    assert dm.test_set is dm.val_set and dm.test_is_validation
+    assert dm.benchmark_split == "ImageNet-1k's 3 validation images"
+    assert dm.info().class_names == ["tench", "crane (1)", "crane (2)"]
+    x, y = dm.train_set[0]
+    assert x.dtype == torch.uint8 and tuple(x.shape) == (3, 8, 8) and y == 0
