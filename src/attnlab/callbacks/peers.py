@@ -1,4 +1,5 @@
-"""A rank of a multi-rank run that is lost (its node died, its process was killed), told apart from a bug in the run.
+"""A rank of a multi-rank run that is lost (its node died, its process was killed), told apart from a bug in the run;
+and the job's ledger of requeues, which holds the budgets of requeues on every rank.
 
 When one rank of a run of several goes away, the others learn it from their next collective: gloo's "Connection
 reset by peer" or "Connection closed by peer", NCCL's aborted communicator, torch's DistNetworkError. The same error
@@ -11,12 +12,24 @@ anything else leaves a note in the run folder (`.ranks/`) first, and a surviving
   continues from `last.ckpt` in its own folder), at most `launcher.max_num_timeout` times (3 for a job of one's
   own batch script); the attempt ends with status 143 and its lineage says `requeued: a peer was lost`. Elsewhere
   (torchrun, a local launch) the error stands, after one line naming the checkpoint to resume from.
+
+The ledger (`Ledger`): every requeue attnlab asks for is written first, whole, as one small file in the run folder,
+`.requeues/<job>.<restart count>.json` (the SLURM job's id and SLURM_RESTART_COUNT, the same on every rank of an
+attempt), by whichever rank asks: rank 0 on SLURM's warning, every surviving rank for a lost peer (rank 0's node
+may be the one lost). A rank that must decide counts the files of its job from earlier attempts (restart counts
+below its own) by their cause: the same files and the same count on every rank, whichever rank was lost. The budgets
+are per cause: a lost peer and a time limit each at most `launcher.max_num_timeout` times; a preemption, or a warning
+in a batch script of one's own, is recorded but not counted. Once the lost-peer budget is spent, the job is made
+non-requeueable (`scontrol update Requeue=0`), so that SLURM itself does not requeue it on a node failure either:
+the job fails once, saying why, and is not run again.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -29,8 +42,10 @@ from attnlab.utils import atomic
 LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken pipe", "communicator was aborted",
               "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
 LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
-REQUEUED_LOST = "requeued: a peer was lost"
+LOST, TIME_LIMIT = "a peer was lost", "time limit"  # the causes of requeues counted against a budget
+REQUEUED_LOST = f"requeued: {LOST}"
 DEFAULT_MAX_REQUEUES = 3  # SLURM jobs of one's own batch script (launcher=slurm: launcher.max_num_timeout)
+LEDGER = ".requeues"
 
 
 def lost_peer(error: BaseException) -> bool:
@@ -45,6 +60,158 @@ def lost_peer(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+def this_attempt() -> tuple[str | None, int]:
+    """(the SLURM job as scontrol names it, SLURM_RESTART_COUNT: how many times SLURM had requeued it when this
+    attempt started), the same on every rank of the attempt."""
+    from attnlab.callbacks.signals import slurm_job_id
+
+    return slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def max_requeues(trainer) -> tuple[int, str]:
+    """(the budget of requeues of each counted cause, how to name it): launcher.max_num_timeout under launcher=slurm
+    (the run's resolved launcher, as every rank composed it), else DEFAULT_MAX_REQUEUES."""
+    from attnlab.callbacks.run_metadata import RunMetadata
+
+    record = getattr(RunMetadata.of(trainer), "lineage", None) or {}
+    try:
+        budget = int((record.get("launcher") or {})["max_num_timeout"])
+        return budget, f"launcher.max_num_timeout={budget}"
+    except (KeyError, TypeError, ValueError):
+        return DEFAULT_MAX_REQUEUES, f"{DEFAULT_MAX_REQUEUES}, in a batch script of one's own"
+
+
+class Ledger:
+    """The requeues attnlab asked for in this run folder, one file per attempt of a SLURM job (module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.folder = Path(run_dir) / LEDGER
+
+    @classmethod
+    def of(cls, trainer) -> Ledger:
+        from attnlab.callbacks.run_metadata import RunMetadata
+
+        metadata = RunMetadata.of(trainer)
+        return cls((metadata.run_dir() if metadata is not None else None) or trainer.default_root_dir)
+
+    def earlier(self) -> list[dict]:
+        """The records of this job's earlier attempts (restart counts below this attempt's), oldest first."""
+        job, restart = this_attempt()
+        found = []
+        for path in self.folder.glob(f"{glob.escape(str(job))}.*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and record.get("job") == job and \
+                    isinstance(record.get("restart_count"), int) and record["restart_count"] < restart:
+                found.append(record)
+        return sorted(found, key=lambda r: r["restart_count"])
+
+    def spent(self, cause: str) -> int:
+        """How many times this job was requeued for `cause` before this attempt."""
+        return sum(1 for r in self.earlier() if r.get("cause") == cause)
+
+    def note(self, cause: str, **fields) -> Path:
+        """This attempt's requeue, written whole before it is asked for."""
+        job, restart = this_attempt()
+        path = self.folder / f"{job}.{restart}.json"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, json.dumps({"job": job, "restart_count": restart, "cause": cause,
+                                            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}))
+        return path
+
+    def requeue(self, cause: str, **fields) -> tuple[bool, str]:
+        """Note this attempt's requeue, then `scontrol requeue` the job: (requeued, why not). A requeue that SLURM
+        refuses leaves no note."""
+        path = self.note(cause, **fields)
+        requeued, why = scontrol_requeue()
+        if not requeued:
+            path.unlink(missing_ok=True)
+        return requeued, why
+
+
+def scontrol_requeue() -> tuple[bool, str]:
+    """`scontrol requeue` of this job: (requeued, why not). A job that SLURM has requeued already (its own requeue
+    of a preempted job, another rank's) counts as requeued."""
+    from attnlab.callbacks.signals import slurm_job_id
+
+    job = slurm_job_id()
+    try:
+        out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"scontrol requeue {job} failed ({e})"
+    text = (out.stderr or out.stdout).strip()
+    if out.returncode != 0 and "already" not in text.lower() and "pending" not in text.lower():
+        return False, f"scontrol requeue {job}: {text or f'exit status {out.returncode}'}"
+    return True, ""
+
+
+def forbid_requeue() -> bool:
+    """Make this job non-requeueable (`scontrol update JobId=<job> Requeue=0`), so that SLURM does not requeue it
+    itself either (a node failure, its batch host lost); whether SLURM took it."""
+    from attnlab.callbacks.signals import slurm_job_id
+
+    try:
+        out = subprocess.run(["scontrol", "update", f"JobId={slurm_job_id()}", "Requeue=0"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
+
+
+def slurm_fields(*what: str) -> dict[str, str]:
+    """`scontrol show <what> -o` (`job <id>`, `partition <name>`, `config`) as {key: value}; {} when it cannot say."""
+    try:
+        out = subprocess.run(["scontrol", "show", *what, *(["-o"] if what[0] != "config" else [])],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if out.returncode != 0:
+        return {}
+    if what[0] == "config":
+        return {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in out.stdout.splitlines()) if v}
+    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", out.stdout))
+
+
+def job_fields() -> dict[str, str]:
+    """`scontrol show job` of this job; {} when it cannot say."""
+    from attnlab.callbacks.signals import slurm_job_id
+
+    job = slurm_job_id()
+    return slurm_fields("job", str(job)) if job else {}
+
+
+def seconds_left(fields: dict[str, str], at: float) -> float | None:
+    """Seconds from `at` (time.time()) to the job's end time (`EndTime`, in this machine's time zone as scontrol
+    writes it); None when it cannot say."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(fields["EndTime"]).timestamp() - at
+    except (KeyError, ValueError):
+        return None
+
+
+def slurm_requeues(fields: dict[str, str], preempted: bool) -> tuple[bool, str]:
+    """After a requeue that SLURM refused, what SLURM says of the job (`fields`: scontrol show job): (whether it is
+    requeued all the same, why not). It is when SLURM has requeued it already (pending again, or restarted since
+    this attempt began), or when it is being preempted under PreemptMode=REQUEUE (the partition's, else the
+    cluster's) and can be requeued (Requeue=1)."""
+    if fields.get("JobState") in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD") or \
+            int(fields.get("Restarts", "0") or 0) > this_attempt()[1]:
+        return True, ""
+    if fields.get("Requeue") == "0":
+        return False, "the job cannot be requeued (Requeue=0: --no-requeue, or the cluster's JobRequeue=0)"
+    if not preempted:
+        return False, ""
+    mode = slurm_fields("partition", fields.get("Partition", "")).get("PreemptMode", "") or \
+        slurm_fields("config").get("PreemptMode", "")
+    if "REQUEUE" in mode.upper():
+        return True, ""
+    return False, f"SLURM cancels a preempted job here (PreemptMode={mode or 'unknown'}), it does not requeue it"
 
 
 class PeerWatch(Callback):
@@ -110,49 +277,47 @@ class PeerWatch(Callback):
         what = str(exception).strip().splitlines()[0][:200] if str(exception).strip() else type(exception).__name__
         last = SignalGuard.saved(trainer)
         kept = f"{last} holds the last step saved" if last and last.is_file() else "no checkpoint was saved yet"
+        resume = f"; resume from it with ckpt_path={last}." if last and last.is_file() else "."
         if not in_slurm_job():
             _say(f"a peer rank of this run was lost ({what}): its process or its machine went away. {kept}; "
                  + (f"resume from it with ckpt_path={last}." if last and last.is_file() else "start it again."))
             return
-        _record(trainer, REQUEUED_LOST, error=what)  # before the requeue, for the sweep driver that sees it
-        requeued, why = self.requeue(trainer)
+        ledger, (budget, named) = Ledger.of(trainer), max_requeues(trainer)
+        spent = ledger.spent(LOST)
+        if spent >= budget:  # the same loss every time (a bad node, a host's OOM killer): fail once, for good
+            why = (f"it was requeued for a lost peer {spent} times already, the budget of this job ({named}); check "
+                   "the nodes (sinfo -R), then run the same command again")
+            if not forbid_requeue():
+                why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
+            self.fail(trainer, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}", requeues_spent=spent)
+        # recorded before the requeue, for the sweep driver that sees it
+        _record(trainer, REQUEUED_LOST, error=what, requeues_spent=spent + 1)
+        requeued, why = ledger.requeue(LOST, rank=trainer.global_rank, global_step=trainer.global_step, error=what)
         if requeued:
             _say(f"a peer rank was lost ({what}): its node or its process went away, not a fault of the run. {kept}; "
-                 f"the job is requeued, and continues from it in this folder once its nodes are back. Exit status "
-                 f"{STOPPED}.")
+                 f"the job is requeued ({spent + 1} of {named} requeues for a lost peer), "
+                 f"and continues from it in this folder once its nodes are back. Exit status {STOPPED}.")
             end_at_once(STOPPED)  # the process group is broken: nothing more to unwind
-        _record(trainer, "failed: a peer was lost, not requeued", error=what, not_requeued=why)
-        _say(f"a peer rank was lost ({what}). The job is not requeued: {why}. {kept}"
-             + (f"; resume from it with ckpt_path={last}." if last and last.is_file() else "."))
+        self.fail(trainer, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}")
 
     @staticmethod
-    def requeue(trainer) -> tuple[bool, str]:
-        """`scontrol requeue` of this job, within its budget of requeues for lost peers. Every surviving rank asks:
-        one of them is enough."""
-        from attnlab.callbacks.run_metadata import RunMetadata
-        from attnlab.callbacks.signals import slurm_job_id
+    def fail(trainer, what: str, why: str, kept: str, **fields) -> None:
+        """The job fails here, not requeued: one line and the lineage say why, and the process ends with status 1
+        (the process group is broken: nothing more to unwind)."""
+        from attnlab.callbacks.signals import end_at_once
 
-        record = getattr(RunMetadata.of(trainer), "lineage", None) or {}
-        budget = int((record.get("launcher") or {}).get("max_num_timeout", DEFAULT_MAX_REQUEUES))
-        spent = sum(1 for r in record.get("earlier", []) if r.get("status") == REQUEUED_LOST)
-        if spent >= budget:
-            return False, (f"it was requeued for a lost peer {spent} times already (launcher.max_num_timeout="
-                           f"{budget}); check the nodes (sinfo -R), then run the same command again")
-        job = slurm_job_id()
-        try:
-            out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as e:
-            return False, f"scontrol requeue {job} failed ({e})"
-        text = (out.stderr or out.stdout).strip()
-        if out.returncode != 0 and "already" not in text.lower() and "pending" not in text.lower():
-            return False, f"scontrol requeue {job}: {text}"
-        return True, ""
+        _record(trainer, f"failed: {LOST}, not requeued", error=what, not_requeued=why, **fields)
+        _say(f"a peer rank was lost ({what}). The job fails and is not requeued: {why}. {kept} Exit status 1.")
+        end_at_once(1)
 
 
 def _record(trainer, status: str, **fields) -> None:
-    from attnlab.callbacks.signals import SignalGuard
+    """How this attempt ended, in the run's lineage: by this rank whichever it is (rank 0 may be the one lost)."""
+    from attnlab.callbacks.run_metadata import RunMetadata
 
-    SignalGuard.record(trainer, status, **fields)
+    metadata = RunMetadata.of(trainer)
+    if metadata is not None:
+        metadata.finish(trainer, status, any_rank=True, **fields)
 
 
 def _say(line: str) -> None:

@@ -58,12 +58,20 @@ class RunMetadata(L.Callback):
     def of(trainer: L.Trainer) -> RunMetadata | None:
         return next((c for c in trainer.callbacks if isinstance(c, RunMetadata)), None)
 
-    def finish(self, trainer, status: str, **fields: Any) -> None:
-        """How this attempt of the run ended (`finished`, `stopped`, `requeued: time limit`, ...), in lineage.json."""
-        if self.lineage is None or not trainer.is_global_zero or not self.run_dir():
+    def finish(self, trainer, status: str, any_rank: bool = False, **fields: Any) -> None:
+        """How this attempt of the run ended (`finished`, `stopped`, `requeued: time limit`, ...), in lineage.json:
+        rank 0 writes it; with `any_rank` (a lost peer: rank 0 may be the rank lost) another rank writes it too,
+        into the record rank 0 wrote of this attempt, unless rank 0 has recorded its end already."""
+        if self.lineage is None or not self.run_dir():
             return
-        self.lineage |= {"ended": lineage.now(), "status": status, "global_step": trainer.global_step, **fields}
-        lineage.write(self.run_dir(), self.lineage)
+        ended = {"ended": lineage.now(), "status": status, "global_step": trainer.global_step, **fields}
+        if trainer.is_global_zero:
+            self.lineage |= ended
+            lineage.write(self.run_dir(), self.lineage)
+        elif any_rank:
+            written = lineage.read(self.run_dir())
+            if written and written.get("slurm") == self.lineage.get("slurm") and written.get("status") == "running":
+                lineage.write(self.run_dir(), written | ended | {"recorded_by_rank": trainer.global_rank})
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.finish(trainer, "finished")
