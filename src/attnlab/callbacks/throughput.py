@@ -1,4 +1,5 @@
-"""Logs `perf/samples_per_s` (and `perf/tokens_per_s`, `perf/mfu` when the task can tell) during training."""
+"""Logs `perf/samples_per_s` (and `perf/tokens_per_s`, `perf/mfu` when the task can tell) during training, and the
+time each step waited for its batch (`perf/data_wait_s`, `perf/data_wait_frac`): a starved device shows there."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ class Throughput(L.Callback):
 
     Reads the clock only at window edges, after waiting for the device's queued work (one synchronisation per
     window), so each window's time holds its own steps' GPU work and not the next window's.
+
+    Data wait: the host's time from the end of one training batch to the start of the next (the loader's next batch,
+    its transfer and `on_after_batch_transfer`; not a validation in between), its mean per step (`perf/data_wait_s`)
+    and its share of the window (`perf/data_wait_frac`). While the device has queued work the host runs ahead, so
+    a wait shows where the device ran out of work: near 0 when the model sets the pace, most of the window when the
+    loader does.
     """
 
     def __init__(self, log_every_n_steps: int = 50):
@@ -23,6 +30,8 @@ class Throughput(L.Callback):
         self._flop_count = 0.0
         self._flops: float | None = None
         self._peak: float | None = None
+        self._wait = 0.0
+        self._last_end: float | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # FLOPs are counted here, before the strategy wraps the model: a forward through the network of an
@@ -42,7 +51,14 @@ class Throughput(L.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         _wait_for_device(pl_module.device)
         self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0
-        self._flop_count = 0.0
+        self._flop_count, self._wait, self._last_end = 0.0, 0.0, self._t0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._last_end is not None:
+            self._wait += time.perf_counter() - self._last_end
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._last_end = None  # a validation within the epoch (and the checkpoint after it) is not waiting for data
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._samples += task_hooks.batch_size_of(pl_module, batch)
@@ -52,11 +68,13 @@ class Throughput(L.Callback):
             self._flop_count += task_hooks.flops_of(pl_module, batch, self._flops)
         self._batches += 1
         if self._batches < self.every:
+            self._last_end = time.perf_counter()
             return
         _wait_for_device(pl_module.device)
         elapsed = time.perf_counter() - self._t0
         world = trainer.world_size
-        metrics = {"perf/samples_per_s": self._samples * world / elapsed}
+        metrics = {"perf/samples_per_s": self._samples * world / elapsed,
+                   "perf/data_wait_s": self._wait / self._batches, "perf/data_wait_frac": self._wait / elapsed}
         tokens = float(self._tokens)
         if tokens:
             metrics["perf/tokens_per_s"] = tokens * world / elapsed

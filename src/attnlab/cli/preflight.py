@@ -6,7 +6,9 @@ prints: parameters, samples/s and tokens/s, MFU against the device's peak (utils
 beside the estimate that refuses runs too large for the machine and what the machine has, the time the configured
 run will take to its step or epoch budget (validation and test included), and the largest `data.batch_size` that
 fits: from the memory estimate against what the device has (on CPU, and for every process of a DDP or FSDP run); on
-one GPU, that size tried for real and moved by the outcome, a few sizes at most.
+one GPU, that size tried for real and moved by the outcome, a few sizes at most. For an image task, the training
+loader's images/s alone (its configured workers) against the model's images/s per step, and what to do where the
+loader sets the pace (loader_pace.py).
 Nothing is written to the run's checkpoints or loggers. In a multirun, each job prints its one-line summary.
 """
 
@@ -36,6 +38,7 @@ class StepTimer(L.Callback):
     def __init__(self, flops_per_sample: float | None):
         self.flops_per_sample = flops_per_sample
         self.batch_s: list[float] = []
+        self.step_s: list[float] = []  # the same batches from their start: waiting for data left out
         self.val_s: list[float] = []
         self.samples = self.tokens = 0
         self.flops = 0.0
@@ -48,11 +51,15 @@ class StepTimer(L.Callback):
             torch.cuda.synchronize(pl_module.device)
         return time.perf_counter()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = self._now(pl_module)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = self._now(pl_module)
         self._seen += 1
         if self._seen > WARMUP and self._last is not None:
             self.batch_s.append(now - self._last)
+            self.step_s.append(now - self._start)
             n = task_hooks.batch_size_of(pl_module, batch)
             self.samples += n
             self.tokens += task_hooks.tokens_of(pl_module, batch)
@@ -83,6 +90,7 @@ class Report:
     max_batch: int | None = None
     max_batch_how: str = ""
     skipped: str = ""
+    loader: object = None  # loader_pace.LoaderPace of an image task
 
     def memory(self) -> list[str]:
         """The peak measured, the estimate and what the machine has, those known."""
@@ -106,6 +114,10 @@ class Report:
             parts.append(f"run ≈ {_duration(self.run_s)}")
         if self.max_batch:
             parts.append(f"largest data.batch_size ≈ {self.max_batch}")
+        if self.loader is not None:
+            parts.append(f"loader {self.loader.loader_s:,.1f} images/s vs model {self.loader.model_s:,.1f}"
+                         + (f": the loader sets the pace ({self.loader.slower:.1f}x slower)" if self.loader.slower > 1
+                            else ""))
         return "; ".join(parts) + (f" ({self.skipped})" if self.skipped else "")
 
 
@@ -264,6 +276,10 @@ def preflight(cfg: DictConfig, plan, model, dm) -> None:
             val_s = timer.val_s[-1] if timer.val_s else None
             report.run_s, report.run_parts = _run_seconds(cfg, plan, dm, trainer.num_training_batches,
                                                           report.batch_s, val_s)
+            from attnlab.cli.loader_pace import pace
+
+            # the loader alone, with the configured workers, against the steps' own rate (per process)
+            report.loader = pace(dm, timer.samples / sum(timer.step_s) if sum(timer.step_s) else None, steps)
         report.peak = peak_memory(device)
     else:
         report.skipped = "not run: the estimate exceeds what the machine has"
@@ -311,6 +327,8 @@ def _print(cfg: DictConfig, r: Report, steps: int, bs: int) -> None:
         lines.append(f"  the configured run  ≈ {_duration(r.run_s)} ({parts})")
     lines.append("  largest batch       " + (f"data.batch_size ≈ {r.max_batch} ({r.max_batch_how}; now {bs})"
                                              if r.max_batch else f"unknown ({r.max_batch_how})"))
+    if r.loader is not None:
+        lines.append(f"  data loader         {r.loader.line()}")
     if r.skipped:
         lines.append(f"  training steps      {r.skipped}")
     lines.append("Nothing was written to checkpoints or loggers; without preflight=true the run starts.")

@@ -1,0 +1,103 @@
+"""Whether the data loader or the model sets an image run's pace: preflight times the training loader alone, with the
+configured workers, and sets its images/s against the model's images/s per step (data loading left out); where the
+loader is slower it says by how much and what to do about it."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class LoaderPace:
+    loader_s: float  # images/s of the training loader alone
+    model_s: float  # images/s of the training steps, waiting for data left out
+    workers: int
+    cpus: int
+    decoder: str = ""
+    files: bool = True  # the images are read from files (not arrays in memory)
+
+    @property
+    def slower(self) -> float:
+        """How many times slower the loader is than the model (< 1: it keeps up)."""
+        return self.model_s / self.loader_s
+
+    def workers_needed(self) -> int | None:
+        """The loader workers that would keep up, when the loader's rate grows with its workers (at least one)."""
+        per_worker = self.loader_s / max(1, self.workers)
+        return math.ceil(self.model_s / per_worker) if per_worker > 0 else None
+
+    def line(self) -> str:
+        """Preflight's loader line: the two rates, and what to do when the loader sets the pace."""
+        rates = (f"{self.loader_s:,.1f} images/s from the training loader alone ({self.workers} worker"
+                 f"{'s' if self.workers != 1 else ''}, data.num_workers) against {self.model_s:,.1f} images/s "
+                 f"taken by the model (its steps, waiting for data left out)")
+        if self.slower <= 1:
+            return f"{rates}: the model sets the pace (the loader has {1 / self.slower:.1f}x its rate)"
+        todo = []
+        needed = self.workers_needed()
+        if needed and needed > self.workers:
+            more = f"more workers: about {needed} would keep up (data.num_workers={needed}"
+            todo.append(more + (f"; this machine has {self.cpus} CPUs, the training process takes one)"
+                                if needed > self.cpus - 1 else ")"))
+        if self.files:
+            todo.append("shards: data.format=shards reads a few large files in sequence instead of one small file "
+                        "per image")
+            todo.append("reduced-size decoding: JPEGs at least twice the crop are decoded at 1/2, 1/4 or 1/8 of "
+                        "their size, so images stored with a shorter side near twice data.image_size or less decode "
+                        "faster")
+            if self.decoder == "pillow":
+                todo.append("pip install 'attnlab[fast]' (simplejpeg: the same pixels, a third less decoding time)")
+            todo.append("GPU decoding (nvJPEG, DALI), which attnlab does not do yet")
+        else:
+            todo.append("lighter augmentation in the loader (data.augment)")
+        return (f"{rates}: the loader sets the pace, {self.slower:.1f}x slower than the model. What helps: "
+                + "; ".join(todo) + ".")
+
+
+def time_loader(dm, batches: int) -> float | None:
+    """Images/s of `dm`'s training loader alone: its workers started and their first batches let through, then
+    `batches` more timed (fewer when the epoch is shorter). None when the epoch has too few batches."""
+    loader = dm.train_dataloader()
+    warmup = max(1, int(getattr(loader, "num_workers", 0) or 0))
+    it = iter(loader)
+    try:
+        n, start = 0, None
+        for k, batch in enumerate(it):
+            if k == warmup - 1:
+                start = time.perf_counter()
+            elif k >= warmup:
+                n += _samples(batch)
+                if k >= warmup + batches - 1:
+                    break
+        return n / (time.perf_counter() - start) if start is not None and n else None
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def _samples(batch) -> int:
+    import torch
+
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) else 1
+
+
+def pace(dm, model_s: float | None, batches: int) -> LoaderPace | None:
+    """The loader's pace against the model's for an image data module (None for other data, or unmeasured)."""
+    from attnlab.data.images import ImageDataModule
+
+    if not isinstance(dm, ImageDataModule) or not model_s:
+        return None
+    rate = time_loader(dm, batches)
+    if not rate:
+        return None
+    from attnlab.data.file_transforms import decoder
+    from attnlab.data.images import FileImages
+    from attnlab.utils.cpus import usable_cpus
+
+    ds = dm.train_set
+    files = isinstance(ds, FileImages) or isinstance(getattr(ds, "base", None), FileImages)
+    return LoaderPace(rate, model_s, int(dm.num_workers), usable_cpus(), decoder(), files)
