@@ -5,6 +5,9 @@ the first run (a run does the same on first use, but a cluster job should not sp
 in <dir> extracted into <out>/train/<wnid>/ and <out>/val/<wnid>/ (validation images sorted by the devkit's ground
 truth), the counts checked against the devkit's; then `data=imagenet data.root=<out>`. Kaggle's copy and an extracted
 tree need nothing: the command checks them and says what it found.
+
+`python -m attnlab.data.prepare shards <image folder> <out> [--data imagenet]`: the splits of an image folder (or of
+ImageNet as data=imagenet reads it) written as LitData shards (shards.py); then `data.format=shards data.root=<out>`.
 """
 
 from __future__ import annotations
@@ -41,12 +44,17 @@ def main(argv: list[str] | None = None) -> None:
                                            "ILSVRC2012_devkit_t12.tar.gz (or Kaggle's copy, or train/ and val/)")
     p.add_argument("--out", type=Path, default=None, help="where train/ and val/ go (default: the same folder)")
     p.add_argument("--workers", type=int, default=None, help="classes extracted at once (default: up to 8)")
+    from attnlab.data import shards
+
+    shards.add_command(sub)  # python -m attnlab.data.prepare shards <image folder> <out>
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from attnlab.errors import fail_before_hydra
 
     if args.dataset == "imagenet":
         fail_before_hydra(imagenet, args.root, args.out, args.workers)
+    elif args.dataset == "shards":
+        fail_before_hydra(shards.command, args)
 
 
 if __name__ == "__main__":
