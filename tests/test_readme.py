@@ -61,6 +61,8 @@ BENCHMARK_BUDGET = {
     # tests (test_train.py, test_cli.py): here the script's table, one train.py run and the loader
     "gpu_check.py": ["--repeats", "1", "--images", "24", "--only", "gpt", "loader"],
     "gpu_check.sh": [],
+    "shards.py": ["--images", "40", "--rounds", "1", "--batch", "8", "--workers", "0", "--pipelines", "read",
+                  "--root", "{cwd}/shards_benchmark"],
 }
 
 
@@ -275,14 +277,19 @@ class Runner:
         self.in_process(entry, args)
 
     def prepare(self, args: list[str]) -> None:
-        """`python -m attnlab.data.prepare imagenet <dir> [--out <dir>]`, in-process, its folders in this one; <dir>
-        gets a miniature of the three ILSVRC2012 files unless it is there."""
+        """`python -m attnlab.data.prepare imagenet <dir> [--out <dir>]` (or `shards <dir> <out>`), in-process, its
+        folders in this one; <dir> gets a miniature of the three ILSVRC2012 files (or a folder of class folders of
+        images) unless it is there."""
         from attnlab.data.prepare import main
         from imagenet_mini import make_archives
 
         args = [a if i == 0 or a.startswith("-") else str(self.cwd / a.lstrip("/")) for i, a in enumerate(args)]
         if args[0] == "imagenet" and not Path(args[1]).exists():
             make_archives(Path(args[1]))
+        elif args[0] == "shards" and not Path(args[1]).exists() and "--data=imagenet" in args:  # what it converts
+            make_archives(Path(args[1]))
+        elif args[0] == "shards" and not Path(args[1]).exists():
+            self.make_input(str(Path(args[1]).relative_to(self.cwd)))
         main(args)
 
     def on_cluster(self, cmd: Command, argv: list[str], env_prefix: dict) -> None:
