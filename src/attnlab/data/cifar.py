@@ -28,9 +28,28 @@ _PICKLED = {
 }
 
 
+CIFAR_BATCH = "a CIFAR python batch (numpy arrays, lists, dicts, strings and bytes)"
+
+
 def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="latin1")
+    """A batch of torchvision's CIFAR download: a pickle of numpy arrays and plain values, read through attnlab's
+    restricted unpickler (utils/safe_pickle.py), so that a file swapped into the data folder cannot run code."""
+    from attnlab.utils.safe_pickle import UnsafeGlobal, load, numpy_globals
+
+    try:
+        found = load(path, numpy_globals(), CIFAR_BATCH, encoding="latin1")
+    except UnsafeGlobal as e:
+        raise UserError(f"{path} is not a CIFAR batch: it asks for {e.name}, which {CIFAR_BATCH} never holds, and "
+                        "loading it could run code; nothing of it was run. Replace the folder with torchvision's "
+                        "download (data.download=true) or `make data`.") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise UserError(f"{path} cannot be read as a CIFAR batch ({type(e).__name__}: {e}): the file is damaged or "
+                        "of another kind. Replace the folder with torchvision's download (data.download=true) or "
+                        "`make data`.") from None
+    if not isinstance(found, dict):
+        raise UserError(f"{path} holds a {type(found).__name__}, not a CIFAR batch (a dict of arrays and labels). "
+                        "Replace the folder with torchvision's download (data.download=true) or `make data`.")
+    return found
 
 
 def _load_pickled(root: Path, variant: str):

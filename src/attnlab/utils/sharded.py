@@ -6,15 +6,16 @@ metadata) in `meta.pt`.
 A run under FSDP reads such a folder itself, shard by shard (Lightning's FSDPStrategy). Everywhere else, a run that
 continues from one (the same run folder started again on a machine without the GPUs it was sharded over,
 `ckpt_path=`, eval.py, export.py) gets it whole from `read_sharded`: every tensor gathered on the CPU, the optimizer
-states keyed as `torch.optim` keys them. Nothing in the folder can run code when it is read: `meta.pt` is read with
-`weights_only=True`, the tensors DCP stores as bytes too (DCP's own reader), and `.metadata`, which DCP writes as a
-plain pickle, through an unpickler that admits only that format's own classes (`SafeReader`).
+states keyed as `torch.optim` keys them. Nothing in the folder can run code when it is read: `.metadata`, which DCP
+writes as a plain pickle, is read first, through attnlab's restricted unpickler (utils/safe_pickle.py) admitting only
+that format's own classes (`SafeReader`); `meta.pt` is read as any checkpoint file is (attnlab.checkpoints:
+`weights_only=True`), and the tensors DCP stores as bytes too (DCP's own reader). A folder the user trusts
+(`trust_checkpoint=true`) is read by DCP's own reader.
 """
 
 from __future__ import annotations
 
 import io
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,6 @@ def is_sharded(path: str | Path) -> bool:
 def is_checkpoint(path: str | Path) -> bool:
     """A checkpoint file, or a sharded checkpoint folder."""
     return Path(path).is_file() or is_sharded(path)
-
-
-class UnsafeGlobal(pickle.UnpicklingError):
-    """A pickle asks for a global outside what its format needs."""
-
-    def __init__(self, name: str, path: Path):
-        super().__init__(f"{path} asks for {name}, which a {path.name} of torch.distributed.checkpoint never holds")
-        self.name, self.path = name, path
 
 
 def _dcp_globals() -> dict[tuple[str, str], Any]:
@@ -66,26 +59,22 @@ def _dcp_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, file, path: Path):
-        super().__init__(file)
-        self.path, self.allowed = path, _dcp_globals()
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = self.allowed.get((module, name))
-        if found is None:
-            raise UnsafeGlobal(f"{module}.{name}", self.path)
-        return found
+DCP_METADATA = "the .metadata of a torch.distributed.checkpoint folder"
 
 
 def read_dcp_metadata(path: Path):
-    """DCP's `.metadata` of a sharded folder, its pickle restricted to the format's own classes."""
-    with open(path / ".metadata", "rb") as fh:
-        return _MetadataUnpickler(fh, path / ".metadata").load()
+    """DCP's `.metadata` of a sharded folder, its pickle restricted to the format's own classes (UnsafeGlobal for any
+    other)."""
+    from attnlab.utils.safe_pickle import load
+
+    return load(Path(path) / ".metadata", _dcp_globals(), DCP_METADATA)
 
 
-def _reader(path: Path):
+def _reader(path: Path, trusted: bool = False):
     from torch.distributed.checkpoint import FileSystemReader
+
+    if trusted:  # the user trusts the folder: DCP's own reader, its metadata unpickled in full
+        return FileSystemReader(path)
 
     class SafeReader(FileSystemReader):
         """DCP's file reader, its metadata read by read_dcp_metadata."""
@@ -102,18 +91,23 @@ def _reader(path: Path):
     return SafeReader(path)
 
 
-def read_sharded(path: str | Path, weights_only: bool = True) -> dict[str, Any]:
+def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str, Any]:
     """The whole checkpoint a sharded folder holds, as one process's `torch.load` of a checkpoint file gives it:
-    meta.pt's keys, `state_dict` (the model), `optimizer_states` (keyed by parameter index)."""
+    meta.pt's keys (read by `read_meta(path of meta.pt)`: attnlab.checkpoints' reader), `state_dict` (the model),
+    `optimizer_states` (keyed by parameter index). `trusted`: `.metadata` unpickled in full (else restricted to its
+    format's classes: UnsafeGlobal)."""
     import torch
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     path = Path(path)
-    checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
+    if not trusted:
+        read_dcp_metadata(path)  # refused here, before meta.pt or any shard is read
+    checkpoint = read_meta(path / META)
     states: dict[str, Any] = {}
     # what torch's dcp_to_torch_save does, with the reader whose metadata cannot run code
-    _load_state_dict(states, storage_reader=_reader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(states, storage_reader=_reader(path, trusted), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
     # DCP gives back nested dicts; round trip through torch.save so the result is what a checkpoint file gives
     buffer = io.BytesIO()
     torch.save(states, buffer)

@@ -1,0 +1,121 @@
+"""Plain pickles attnlab reads but did not write (torch.distributed.checkpoint's `.metadata`, CIFAR's python batches):
+read through one unpickler that admits only the globals the format needs (`allowed`), so that nothing in the file
+can import a module or call a function of its choosing. A pickle that asks for any other global stops at that global
+(`UnsafeGlobal`), before anything in it has run. Containers (lists, tuples, dicts, sets), strings, bytes and numbers
+need no global at all.
+
+Checkpoints written by `torch.save` are read by torch's own restricted unpickler instead (`torch.load(...,
+weights_only=True)`, attnlab.checkpoints)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# numpy arrays and their dtypes, as numpy pickles them (protocol 2 and 5, numpy 1.x and 2.x module names): a
+# constructor of an empty array of the class the pickle names (which must itself be allowed), the array's class, the
+# dtype's constructor, and the one that rebuilds an array from a buffer (and, in numpy_globals, _codecs.encode, which
+# a protocol-2 pickle calls to turn a str back into bytes)
+NUMPY_ARRAYS = (("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+                ("numpy", "ndarray"), ("numpy", "dtype"))
+
+
+def numpy_globals() -> dict[tuple[str, str], Any]:
+    """The globals a pickle of numpy arrays needs (NUMPY_ARRAYS), each looked up in numpy itself."""
+    import importlib
+
+    import numpy as np
+
+    found: dict[tuple[str, str], Any] = {}
+    for module, name in NUMPY_ARRAYS:
+        here = module.replace("numpy.core.", "numpy._core.") if int(np.__version__.split(".")[0]) >= 2 else module
+        try:
+            found[(module, name)] = getattr(importlib.import_module(here), name)
+        except (ImportError, AttributeError):  # a numpy without that module: its pickles do not name it either
+            pass
+    import _codecs
+
+    found[("_codecs", "encode")] = _codecs.encode  # bytes in a protocol-2 pickle: str -> bytes, as torch admits it
+    for dtype in vars(np.dtypes).values() if hasattr(np, "dtypes") else ():
+        if isinstance(dtype, type) and issubclass(dtype, np.dtype):  # numpy 2 names a dtype's class (Float32DType)
+            found[("numpy.dtypes", dtype.__name__)] = dtype
+    return found
+
+
+class UnsafeGlobal(pickle.UnpicklingError):
+    """A pickle asks for a global outside what its format needs."""
+
+    def __init__(self, name: str, path: Path, what: str):
+        super().__init__(f"{path} asks for {name}, which {what} never holds")
+        self.name, self.path = name, path
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals in `allowed` ((module, name) -> the object); `what` names the
+    format in the refusal ("a CIFAR python batch")."""
+
+    def __init__(self, file, allowed: Mapping[tuple[str, str], Any], path: Path, what: str, **kwargs: Any):
+        super().__init__(file, **kwargs)
+        self.allowed, self.path, self.what = allowed, path, what
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self.allowed.get((module, name))
+        if found is None:
+            raise UnsafeGlobal(f"{module}.{name}", self.path, self.what)
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:  # a reference to outside storage: no plain format has one
+        raise pickle.UnpicklingError(f"{self.path} refers to external storage ({str(pid)[:60]}), which "
+                                     f"{self.what} never holds")
+
+
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING", "SHORT_BINSTRING"}
+
+
+def globals_in(data: bytes, every: bool = False) -> list[str]:
+    """The globals a pickle asks for ("module.name"), read from its opcodes without running anything (pickletools);
+    empty when the bytes are no pickle; `every`: of each pickle of several written one after the other (torch.save's
+    legacy format). STACK_GLOBAL takes its names from the two strings pushed last (or fetched from the memo), as
+    pickle's own writer leaves them."""
+    import io
+    import pickletools
+
+    found, stream = [], io.BytesIO(data)
+    while stream.tell() < len(data):
+        start = stream.tell()
+        found += _globals_of_one(pickletools, stream)
+        if not every or stream.tell() == start:
+            break
+    return list(dict.fromkeys(found))
+
+
+def _globals_of_one(pickletools, stream) -> list[str]:
+    found, strings, memo = [], [], {}
+    try:
+        for op, arg, _ in pickletools.genops(stream):
+            if op.name == "GLOBAL":
+                found.append(str(arg).replace(" ", "."))
+            elif op.name in _STRINGS:
+                strings.append(arg.decode("latin1") if isinstance(arg, bytes) else str(arg))
+            elif op.name == "MEMOIZE" and strings:
+                memo[len(memo)] = strings[-1]
+            elif op.name in ("PUT", "BINPUT", "LONG_BINPUT") and strings:
+                memo[arg] = strings[-1]
+            elif op.name in ("GET", "BINGET", "LONG_BINGET") and arg in memo:
+                strings.append(memo[arg])
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+    except Exception:  # cut short, or no pickle: what was read so far
+        stream.seek(0, 2)
+    return found
+
+
+def load(path: str | Path, allowed: Mapping[tuple[str, str], Any], what: str, **kwargs: Any) -> Any:
+    """The object a pickle file holds, its globals restricted to `allowed` (UnsafeGlobal for any other); `kwargs`
+    are pickle's own (encoding="latin1" for Python 2's pickles)."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        return RestrictedUnpickler(fh, allowed, path, what, **kwargs).load()
