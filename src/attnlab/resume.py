@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.checkpoints import newest_last, read_checkpoint
+from attnlab.checkpoints import load_checkpoint, newest_last
 from attnlab.errors import UserError
 from attnlab.utils.sharded import is_checkpoint
 
@@ -85,7 +85,7 @@ def checkpoint_in_run_dir(checkpoints: Path, resume: bool) -> str | None:
 
 def read_run_metadata(ckpt_path: str) -> dict:
     """The run metadata (resolved config, W&B id) stored in a checkpoint by attnlab."""
-    ckpt = read_checkpoint(ckpt_path, mmap=True)
+    ckpt = load_checkpoint(ckpt_path, mmap=True)
     meta = ckpt.get("attnlab")
     if not meta:
         raise UserError(f"{ckpt_path} was not written by attnlab's train.py (it holds no run config): "

@@ -46,12 +46,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             self.write(checkpoint, tmp)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        """A checkpoint file as Lightning reads it, or a sharded checkpoint folder read whole (utils/sharded.py)."""
-        from attnlab.utils.sharded import is_sharded, read_sharded
+        """A checkpoint as attnlab reads every checkpoint (attnlab.checkpoints.load_checkpoint): restricted to
+        tensors and plain values unless the command trusts its files (`trust_checkpoint=true`), whatever Lightning
+        passes as `weights_only` and whatever the environment says; a sharded checkpoint folder is read whole."""
+        from attnlab import trust
+        from attnlab.checkpoints import load_checkpoint
 
-        if is_sharded(path):
-            return read_sharded(path, weights_only=weights_only is not False)
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        if get_protocol(str(path)) != "file":  # object storage: Lightning's reader, as restricted
+            return super().load_checkpoint(path, map_location=map_location, weights_only=not trust.trusted())
+        return load_checkpoint(path, map_location=map_location if map_location is not None else "cpu")
 
     def write(self, checkpoint, file: Path) -> None:
         with open(file, "wb") as fh:

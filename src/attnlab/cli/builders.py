@@ -240,11 +240,23 @@ def required_checkpoint(cfg: DictConfig, script: str) -> str:
 
 
 def load_task(ckpt_path: str, meta: dict):
+    """The task a checkpoint holds, rebuilt from it (eval.py, predict.py, export.py): read by the one reader
+    (attnlab.checkpoints: weights only, and what its config names checked), the user's modules it names imported,
+    then its hyperparameters given to the task's class; those a lightning-hydra-template style module was built from
+    config nodes (`net`, `optimizer`: callbacks/plain_hparams.py) are built again from them."""
+    from lightning.pytorch.core.saving import _load_state
+
+    from attnlab.callbacks.plain_hparams import rebuild_hparams
+    from attnlab.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(ckpt_path)
     import_user_modules((meta["config"].get("extras") or {}).get("imports"))
     task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
-    # a checkpoint attnlab wrote (read_run_metadata checked): a user's module may keep its network among its
-    # hyperparameters (lightning-hydra-template's modules do), which only a full unpickling rebuilds
-    return task_cls.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=False)
+    rebuild_hparams(ckpt, instantiate)
+    model = _load_state(task_cls, ckpt)
+    state = ckpt.get("state_dict") or {}
+    device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    return model.to(device)
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:

@@ -151,9 +151,12 @@ def plan_training(cfg: DictConfig) -> RunPlan:
     from attnlab.cli import builders, rerun
     from attnlab.resume import resume_point
 
+    from attnlab.checkpoints import check_init_from
+
     plan = make_plan(cfg)
     rerun.warn_decisions(cfg, plan.decided)  # a --rerun: where this machine decided otherwise than the run's
     run = plan.run
+    check_init_from(cfg.model.get("init_from"))  # a file that cannot be loaded safely: refused before anything is built
     resume = resume_point(run.ckpt_path, plan.log_dir, run.task_name, plan.checkpoints, run.train, run.resume,
                           plan.model_target)
     settings = builders.init_settings(cfg, builders.model_class(plan.model_target)) if cfg.model.get("init_from") \

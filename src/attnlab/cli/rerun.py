@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
 
@@ -82,7 +82,16 @@ def saved(run_dir: Path) -> DictConfig:
 def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
     """The run's own config with `extra` applied, also written as the new run's .hydra/config.yaml (so that it can be
     rerun in turn); the lineage differences warned about."""
+    from attnlab import trust
+
     cfg = saved(run_dir)
+    # a run folder can come from anywhere: it never trusts itself, and what its config names is built only when this
+    # command names it too, or trusts it (trust_checkpoint=true here)
+    trusted = [a for a in extra if a.lstrip("+").partition("=")[0] == trust.TRUST_KEY]
+    extra = [a for a in extra if a not in trusted]
+    asked_trust = any(yaml_value(a.partition("=")[2]) is True for a in trusted)
+    with open_dict(cfg):
+        cfg[trust.TRUST_KEY] = asked_trust
     OmegaConf.set_struct(cfg, True)
     for arg in extra:
         key, _, value = arg.lstrip("+").partition("=")
@@ -94,6 +103,8 @@ def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
             raise UserError(f"{FLAG}: {key} is not a key of the run's config. Check its spelling against "
                             f"{run_dir}/config.yaml, or add a new key with +{arg}.")
         OmegaConf.update(cfg, key, yaml_value(value), force_add=arg.startswith("+"))
+    trust.from_command({trust.TRUST_KEY: asked_trust}, overrides=extra)
+    trust.check_names(OmegaConf.to_container(cfg, resolve=False), f"{FLAG} {run_dir} (its .hydra/config.yaml)")
     from attnlab.utils.atomic import write_text
 
     global _run_dir, _asked

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoints import find_checkpoint, read_checkpoint, run_config
+from attnlab.checkpoints import find_checkpoint, load_checkpoint, run_config
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -32,7 +32,7 @@ def read_mlm(init_from: str, wants: str = MLM_TARGET) -> tuple[Path, dict[str, A
     """-> (the checkpoint's path, its model config, the network's state dict without its LM head, the tokenizer as
     JSON). `wants`: the pretraining task the classifier's network comes from."""
     path = find_checkpoint(init_from, "model.init_from", WHAT[wants])
-    ckpt = read_checkpoint(path, "model.init_from")
+    ckpt = load_checkpoint(path, "model.init_from")
     config = run_config(ckpt) or {}
     target = config.get("model", {}).get("_target_")
     if target != wants:
@@ -53,7 +53,7 @@ def init_tokenizer(init_from: str) -> str | None:
     if hf.is_hf(init_from):
         return hf.read_tokenizer(init_from)
     path = find_checkpoint(init_from, "model.init_from", WHAT[MLM_TARGET])
-    return read_checkpoint(path, "model.init_from").get("tokenizer")
+    return load_checkpoint(path, "model.init_from").get("tokenizer")
 
 
 def _summarize(keys: list[str], limit: int = 8) -> str:

@@ -91,8 +91,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    if (folder / "pytorch_model.bin").is_file():  # a pickle: read as every checkpoint is (weights only)
+        from attnlab.checkpoints import load_checkpoint
+
+        return load_checkpoint(folder / "pytorch_model.bin", "model.init_from")
     raise UserError(f"{folder} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                     "download the whole folder.")
 

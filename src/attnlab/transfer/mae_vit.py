@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoints import find_checkpoint, read_checkpoint, run_config
+from attnlab.checkpoints import find_checkpoint, load_checkpoint, run_config
 from attnlab.errors import UserError
 from attnlab.nn.mae import SIZES
 
@@ -22,7 +22,7 @@ MAE_TARGET = "attnlab.tasks.mae.MAEPretrainer"
 
 def read_mae_encoder(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """-> the encoder's state dict under timm ViT names, and the MAE model config of the run that wrote it."""
-    ckpt = read_checkpoint(path, "model.init_from")
+    ckpt = load_checkpoint(path, "model.init_from")
     config = run_config(ckpt) or {}
     target = config.get("model", {}).get("_target_")
     if target != MAE_TARGET:
