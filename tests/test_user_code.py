@@ -32,11 +32,20 @@ def _user_package_importable(monkeypatch):
     monkeypatch.syspath_prepend(str(PROJECT))  # as when running from the user's folder
 
 
+def TinyCNN(**kwargs):
+    from userpkg.nets import TinyCNN
+
+    return TinyCNN(**kwargs)
+
+
 def _metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
 def test_a_plain_lightning_module_trains_checkpoints_resumes_and_evaluates(tmp_path):
+    """lightning-hydra-template's style: the module keeps its network among its hyperparameters. Its checkpoints hold
+    the network's config node instead of the pickled network, so they load with weights_only=True; eval.py builds it
+    again where the user's own configs name it, and a checkpoint with the pickled network loads once trusted."""
     from attnlab.cli.eval import evaluate
 
     first = tmp_path / "first"
@@ -44,21 +53,37 @@ def test_a_plain_lightning_module_trains_checkpoints_resumes_and_evaluates(tmp_p
     metrics = _metrics(first)
     # no attnlab key in its config: the best checkpoint follows val/loss, which the sweepers get as val/loss_best
     assert value == pytest.approx(metrics["val/loss_best"]) and "test/acc" in metrics
-    ckpt = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
+    ckpt = torch.load(first / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 8 and ckpt["attnlab"]["config"]["model"]["_target_"] == "userpkg.module.LitClassifier"
+    assert ckpt["hyper_parameters"]["net"]["_target_"] == "userpkg.nets.TinyCNN"  # its config node, not a pickle
+    assert ckpt["hparams_from_config"] == ["net"]
     assert len(list((first / "checkpoints").glob("epoch_*.ckpt"))) == 1
 
     second = tmp_path / "second"
     train(compose_cfg([USER_CONFIGS, "model=lit_cnn", "trainer.max_epochs=3", *SHORT,
                        f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"], second))
-    assert torch.load(second / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12  # continued
+    last = second / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 12  # continued
 
-    out = tmp_path / "eval"
-    out.mkdir()
-    cfg = compose_cfg([f"ckpt_path={second / 'checkpoints' / 'last.ckpt'}", "trainer.limit_test_batches=2"], out,
-                      config_name="eval")
-    result = evaluate(cfg)
-    assert 0.0 <= result["test/acc"] <= 1.0 and (out / "metrics.json").is_file()
+    def evaluate_with(*args):
+        out = tmp_path / f"eval{len(list(tmp_path.glob('eval*')))}"
+        out.mkdir()
+        result = evaluate(compose_cfg([*args, "trainer.limit_test_batches=2"], out, config_name="eval"))
+        assert 0.0 <= result["test/acc"] <= 1.0 and (out / "metrics.json").is_file()
+
+    evaluate_with(f"ckpt_path={last}", USER_CONFIGS)  # the user's config folder names the module and its network
+    with pytest.raises(UserError, match=r"names userpkg\.module\.LitClassifier \(config\.model\._target_\).*"
+                                        r"--config-dir.*trust_checkpoint=true"):
+        evaluate_with(f"ckpt_path={last}")  # named by nothing of this command's
+
+    pickled = tmp_path / "pickled.ckpt"  # as attnlab wrote such checkpoints before: the network pickled
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["hyper_parameters"]["net"] = TinyCNN(num_classes=10, in_chans=1)
+    del ckpt["hparams_from_config"]
+    torch.save(ckpt, pickled)
+    with pytest.raises(UserError, match=r"asks for userpkg\.nets\.TinyCNN.*trust_checkpoint=true"):
+        evaluate_with(f"ckpt_path={pickled}", USER_CONFIGS)
+    evaluate_with(f"ckpt_path={pickled}", "trust_checkpoint=true")
 
 
 @pytest.mark.slow

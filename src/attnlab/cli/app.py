@@ -60,8 +60,10 @@ def begin(cfg: DictConfig) -> None:
     """What every entry point does first with its composed config: the user's modules imported and the platform
     keys filled in (attnlab.config.prepare), a model/data pair of other kinds refused (before an interpolation
     between them fails to resolve), then the config tree printed where extras.print_config asks."""
+    from attnlab import trust
     from attnlab.config import check_compatible, prepare
 
+    trust.from_command(cfg)  # whether this command trusts its files, and what its own config names
     prepare(cfg)
     if "model" in cfg and "data" in cfg:
         check_compatible(cfg)
@@ -69,6 +71,9 @@ def begin(cfg: DictConfig) -> None:
         from attnlab.utils.rich_config import print_config_tree
 
         print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.log")
+    from attnlab.redact import restore
+
+    restore(cfg)  # the secrets taken off the command line, in memory only (attnlab.redact)
 
 
 def run_process(main: Callable[[], Any]) -> None:
@@ -229,5 +234,8 @@ def _finish_wandb() -> None:
 
 
 def save_resolved_config(cfg: DictConfig, path: Path) -> None:
+    """config.yaml: the resolved config, without the secrets it was given (attnlab.redact)."""
+    from attnlab.redact import redact
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, path, resolve=True)
+    OmegaConf.save(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))), path)

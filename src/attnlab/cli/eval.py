@@ -25,8 +25,10 @@ def main() -> dict | None:
 
     from attnlab.cli.app import check_output_paths, null_groups
     from attnlab.errors import fail_before_hydra
+    from attnlab.redact import take_secret_overrides
     from attnlab.cli.hydra_errors import check_composes, pin_mode
 
+    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files (attnlab.redact)
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
 
     fail_before_hydra(check_output_paths, sys.argv[1:])

@@ -38,8 +38,10 @@ def main():
 
     from attnlab.cli.app import check_output_paths
     from attnlab.errors import fail_before_hydra
+    from attnlab.redact import take_secret_overrides
     from attnlab.cli.hydra_errors import check_composes, pin_mode
 
+    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files (attnlab.redact)
     fail_before_hydra(check_output_paths, sys.argv[1:])
     pin_mode(fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "export"))  # attnlab's paragraph, not Hydra's
     return _main()

@@ -39,8 +39,10 @@ def main() -> float | None:
     from attnlab.cli.plugins import check_plugins
     from attnlab.cli import rerun
     from attnlab.errors import UserError, fail, fail_before_hydra
+    from attnlab.redact import take_secret_overrides
 
     global _rerun
+    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files and the lineage (attnlab.redact)
     try:
         rerun_dir, argv = rerun.split_argv(sys.argv[1:])
         if rerun_dir is not None:  # the run's own config replaces the composed one in _compose
@@ -98,14 +100,17 @@ def train(cfg: DictConfig) -> float | None:
 
     import lightning as L
 
+    from attnlab import trust
     from attnlab.callbacks.job_cost import JobCost
     from attnlab.callbacks.peers import PeerWatch
+    from attnlab.callbacks.plain_hparams import PlainHyperparameters
     from attnlab.callbacks.resume import ResumeDataPosition
     from attnlab.callbacks.run_metadata import RunMetadata
     from attnlab.callbacks.signals import SignalGuard
     from attnlab.cli import builders, report
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
+    from attnlab.redact import redact
     from attnlab.resume import check_resumable, check_same_model
     from attnlab.strategies import for_model
 
@@ -124,7 +129,8 @@ def train(cfg: DictConfig) -> float | None:
         from attnlab.cli.preflight import preflight
 
         return preflight(cfg, plan, model, dm)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    # what the run records (checkpoints, loggers): without the secrets it was given (attnlab.redact)
+    resolved = redact(OmegaConf.to_container(cfg, resolve=True))
     if in_run_dir:
         check_same_model(meta, resolved["model"], ckpt_path)
     elif ckpt_path:
@@ -140,7 +146,8 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- loggers, callbacks, the Trainer
     loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
-    platform = [RunMetadata(resolved, plan.decided), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
+    platform = [RunMetadata(resolved, plan.decided), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost(),
+                PlainHyperparameters(resolved)]
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, plan, callbacks, loggers, strategy)
@@ -149,7 +156,9 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- fit
     if run.train:
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=False)  # see builders.load_task
+        # read as every checkpoint is (attnlab.checkpoints): AtomicCheckpointIO's reader, or the strategy's own,
+        # told explicitly, so that no environment variable turns it into a full unpickling
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=not trust.trusted())
         if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
             return report.finished_already(plan, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
@@ -162,7 +171,7 @@ def train(cfg: DictConfig) -> float | None:
             best = ckpt_path or ""
         if not best and run.train:
             log.warning("no checkpoint was saved: testing the weights as they are at the end of training")
-        trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=False)
+        trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=not trust.trusted())
         test_metrics = dict(trainer.callback_metrics)
 
     # ---- report: metrics.json, the summary, a sweep's results.csv row

@@ -8,6 +8,7 @@ import glob
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ log = logging.getLogger("attnlab")
 
 # config keys that say where a run is or how it printed, not what it computed
 NOT_SETTINGS = ("paths.", "hydra.", "extras.", "callbacks.progress_bar", "callbacks.rich", "logger.")
+# an interpolation that calls a resolver (${oc.env:HOME}, ${now:...}), unlike ${model.n_layer}
+RESOLVER = re.compile(r"\$\{\s*[\w.]+\s*:")
 MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".csv", ".html", ".txt")
 
 
@@ -93,8 +96,8 @@ def load_run(path: Path) -> Run:
     except Exception as e:
         raise DamagedRun(f"{path}: its config.yaml cannot be read ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:120] if str(e) else 'empty'})") from None
-    try:
-        config = OmegaConf.to_container(cfg, resolve=True)
+    try:  # a run folder can come from anywhere: a resolver it names (${oc.env:...}) is never called, kept as written
+        config = OmegaConf.to_container(cfg, resolve=not RESOLVER.search((path / "config.yaml").read_text()))
     except Exception:  # an interpolation that only resolves inside a run: keep it as written
         config = OmegaConf.to_container(cfg, resolve=False)
     metrics, curves, problems = None, None, []

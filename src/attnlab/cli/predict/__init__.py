@@ -46,8 +46,10 @@ def _main(cfg: DictConfig):
 def main():
     from attnlab.cli.app import check_output_paths, null_groups
     from attnlab.errors import fail_before_hydra
+    from attnlab.redact import take_secret_overrides
     from attnlab.cli.hydra_errors import check_composes
 
+    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files (attnlab.redact)
     sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
     sys.argv = quote_free_text(sys.argv)
     fail_before_hydra(check_output_paths, sys.argv[1:])

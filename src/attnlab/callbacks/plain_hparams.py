@@ -1,0 +1,109 @@
+"""Hyperparameters saved as plain values, so that every checkpoint loads with `weights_only=True`.
+
+A LightningModule in lightning-hydra-template's style keeps objects among its hyperparameters
+(`self.save_hyperparameters()` records its constructor's arguments): the network (`net`, an `nn.Module` that
+Hydra built from its config node) and, unless ignored, the optimizer and schedule (Hydra partials). Pickled into a
+checkpoint, they would take a full unpickling to load, which can run any code. This callback writes each of them as
+the config node that built it instead (`model.net` with its `_target_`; the `optimizer` and `scheduler` nodes as
+partials), lists them under `hparams_from_config`, and turns OmegaConf containers into plain dicts and lists;
+`rebuild_hparams` builds them again when attnlab loads the checkpoint (cli/builders.load_task), after checking what
+they name (attnlab.trust). A hyperparameter object that no config node built stays pickled: its checkpoints then load
+only with `trust_checkpoint=true` (one warning says so when the first checkpoint is saved).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from attnlab.settings import split_optimizer
+
+log = logging.getLogger("attnlab")
+
+KEY = "hparams_from_config"
+PARTS = ("hyper_parameters", "datamodule_hyper_parameters")
+TYPE_KEYS = {"hyper_parameters": "hparams_type", "datamodule_hyper_parameters": "datamodule_hparams_type"}
+
+
+def config_nodes(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The config nodes a user's module got objects from (cli/builders.build_task): each `model.<key>` with a
+    `_target_` (Hydra instantiated it), and `optimizer` / `scheduler` as partials (attnlab's own keys taken off)."""
+    nodes = {k: v for k, v in (config.get("model") or {}).items() if isinstance(v, dict) and "_target_" in v}
+    if isinstance(config.get("optimizer"), dict) and config["optimizer"].get("_target_"):
+        nodes["optimizer"] = split_optimizer(config["optimizer"])[0] | {"_partial_": True}
+    if isinstance(config.get("scheduler"), dict) and config["scheduler"].get("_target_"):
+        nodes["scheduler"] = dict(config["scheduler"]) | {"_partial_": True}
+    return nodes
+
+
+def is_plain(value: Any) -> bool:
+    """What `torch.load(weights_only=True)` reads without any global of a class: containers of numbers, strings,
+    bytes, None and tensors."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and is_plain(v) for k, v in value.items())
+    return False
+
+
+def _container(value: Any) -> Any:
+    from omegaconf import Container, OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
+
+
+def plain_hparams(checkpoint: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> list[str]:
+    """Rewrite a checkpoint's hyperparameters as plain values (see the module doc), in place. -> the keys still
+    held as objects."""
+    left, built = [], []
+    for part in PARTS:
+        if checkpoint.get(part) is None:
+            continue
+        hparams = dict(_container(checkpoint[part]))
+        checkpoint.pop(TYPE_KEYS[part], None)  # the container's class: nothing to rebuild from a dict
+        for key, value in hparams.items():
+            value = _container(value)
+            if not is_plain(value) and part == "hyper_parameters" and key in nodes:
+                value = nodes[key]
+                built.append(key)
+            elif not is_plain(value):
+                left.append(f"{part}.{key} ({type(value).__name__})")
+            hparams[key] = value
+        checkpoint[part] = hparams
+    if built:
+        checkpoint[KEY] = built
+    return left
+
+
+def rebuild_hparams(checkpoint: dict[str, Any], instantiate: Callable[..., Any]) -> None:
+    """The objects `plain_hparams` wrote as config nodes, built again (in place), as the run built them."""
+    hparams = checkpoint.get("hyper_parameters") or {}
+    for key in checkpoint.get(KEY) or []:
+        node = hparams.get(key)
+        if isinstance(node, dict) and "_target_" in node:
+            hparams[key] = instantiate(node, _convert_="all")
+
+
+class PlainHyperparameters(Callback):
+    """Writes every checkpoint's hyperparameters as plain values (`plain_hparams`); `config`: the run's resolved
+    config, whose nodes built the module's objects."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.nodes = config_nodes(config)
+        self._warned = False
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        left = plain_hparams(checkpoint, self.nodes)
+        if left and not self._warned:
+            self._warned = True
+            log.warning(
+                "the checkpoints keep %s pickled: no config node built %s, so loading them takes a full unpickling "
+                "(trust_checkpoint=true). Give %s a config node with a _target_ (model.<key>), or leave %s out of "
+                "save_hyperparameters (ignore=[...]).", ", ".join(left), "it" if len(left) == 1 else "them",
+                "it" if len(left) == 1 else "each", "it" if len(left) == 1 else "them")
