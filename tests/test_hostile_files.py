@@ -1,0 +1,303 @@
+"""Files from elsewhere cannot run code (docs/runs.md, "Trusting checkpoints"): every hostile file (tests/hostile.py),
+made from one real run, given to every entry point that reads a checkpoint, ends in the paragraph for its kind, exit
+status 2, no traceback, its payload never run; attnlab's own checkpoints hold nothing but tensors and plain values;
+and the run folder holds no secret the run was given."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import hostile
+from attnlab.errors import UserError
+from conftest import run_cli, wandb_offline
+
+# a W&B key given on the command line and one in the environment: neither may reach the run folder
+SECRET_OVERRIDE, SECRET_ENV = "override-s3cret-5d1f2e9a", "environment-s3cret-9a8b7c6d"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """ONE small real run (W&B offline, so that its checkpoints carry a logger's id), with both secrets."""
+    tmp = tmp_path_factory.mktemp("hostile_base")
+    env = wandb_offline(tmp) | {"WANDB_API_KEY": SECRET_ENV, "ATTNLAB_LOG_DIR": str(tmp / "logs"),
+                                "ATTNLAB_CACHE_DIR": str(tmp / "cache")}
+    out = run_cli("train.py", "logger=wandb", f"+logger.wandb.settings.api_key={SECRET_OVERRIDE}", *hostile.SHORT,
+                  env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (run_dir,) = (tmp / "logs" / "train" / "runs").iterdir()
+    return run_dir, out.stdout
+
+
+@pytest.fixture(scope="module")
+def matrix(base, tmp_path_factory):
+    """Every entry point given every hostile file, in one process (tests/entry_batch.py), under an environment that
+    asks torch for full unpickling (which only an unset weights_only obeys)."""
+    out = tmp_path_factory.mktemp("hostile")
+    made = hostile.build(base[0], out)
+    cases = hostile.cases(made, out)
+    for case in cases:
+        case["env"]["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+    (out / "cases.json").write_text(json.dumps(cases))
+    proc = run_cli("tests/entry_batch.py", str(out / "cases.json"), str(out / "report.json"), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return json.loads((out / "report.json").read_text()), made, out
+
+
+@pytest.mark.parametrize("entry", list(hostile.ENTRIES))
+@pytest.mark.parametrize("kind", list(hostile.MESSAGES))
+def test_every_entry_point_refuses_every_hostile_file(matrix, kind, entry):
+    report, made, _ = matrix
+    result = report[f"{kind}/{entry}"]
+    assert "Traceback" not in result["output"], result["output"][-3000:]
+    assert not made[kind].marker.exists()
+    if entry in hostile.READS_NO_CHECKPOINT:  # attnlab-compare reads config.yaml, metrics and curves, no checkpoint
+        assert result["code"] == 0, result["output"][-3000:]
+        return
+    assert result["code"] == 2, result["output"][-3000:]
+    message = result["output"].split("attnlab: error: ", 1)[-1].strip()
+    assert re.search(hostile.MESSAGES[kind], message, re.S), message
+    assert "\n" not in message  # one paragraph
+
+
+def test_no_payload_ran(matrix):
+    _, _, out = matrix
+    assert not list((out / "markers").iterdir())
+
+
+def test_attnlab_checkpoints_hold_only_tensors_and_plain_values(base):
+    """The run's metadata, the data position and RNG state, the optimizer's and the schedule's states, the logger's
+    id: nothing a weights_only load refuses."""
+    run_dir, _ = base
+    for ckpt in (run_dir / "checkpoints").glob("*.ckpt"):
+        assert torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt)) == []
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        assert state["attnlab"]["wandb_run_id"] and state["optimizer_states"] and state["lr_schedulers"]
+        assert state["loops"]["fit_loop"]["state_dict"] is not None
+
+
+def test_the_run_folder_holds_no_secret(base):
+    """Not in config.yaml, .hydra/, the lineage, the logs, the checkpoints or W&B's files (its config included)."""
+    run_dir, stdout = base
+    assert SECRET_OVERRIDE not in stdout and SECRET_ENV not in stdout
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert SECRET_OVERRIDE.encode() not in data and SECRET_ENV.encode() not in data, path
+    assert "api_key: <redacted>" in (run_dir / "config.yaml").read_text()
+    (wandb_run,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    assert b"<redacted>" in wandb_run.read_bytes()  # W&B got the config, the key masked
+    printed = run_cli("train.py", "--cfg", "job", "logger=wandb", f"+logger.wandb.settings.api_key={SECRET_OVERRIDE}")
+    assert printed.returncode == 0 and "logger:" in printed.stdout and SECRET_OVERRIDE not in printed.stdout
+
+
+def test_the_secret_reaches_the_logger_in_memory(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from attnlab import redact
+
+    monkeypatch.delenv(redact.SECRET_ENV, raising=False)
+    argv = redact.take_secret_overrides(["logger=wandb", f"+logger.wandb.settings.api_key={SECRET_OVERRIDE}",
+                                         "data.max_tokens=12", "trainer.max_epochs=1"])
+    assert argv == ["logger=wandb", "data.max_tokens=12", "trainer.max_epochs=1"]
+    cfg = OmegaConf.create({"logger": {"wandb": {"project": "p"}}})
+    redact.restore(cfg)
+    assert cfg.logger.wandb.settings.api_key == SECRET_OVERRIDE
+    assert redact.redact({"a": [f"x{SECRET_OVERRIDE}y"], "hf_token": "t", "pad_token": 3}) == {
+        "a": ["x<redacted>y"], "hf_token": "<redacted>", "pad_token": 3}
+
+
+# ---- the one reader, one kind of file at a time
+
+def _real(base) -> bytes:
+    return (base[0] / "checkpoints" / "last.ckpt").read_bytes()
+
+
+def test_each_kind_of_file_gets_its_own_paragraph(base, tmp_path):
+    from attnlab.checkpoints import load_checkpoint
+
+    real = _real(base)
+    with zipfile.ZipFile(base[0] / "checkpoints" / "last.ckpt") as zf:
+        pkl = zf.getinfo(next(n for n in zf.namelist() if n.endswith("/data.pkl")))
+    corrupt = bytearray(real)
+    start = pkl.header_offset + len(pkl.filename) + 80
+    corrupt[start:start + 40] = bytes(b ^ 0x55 for b in corrupt[start:start + 40])
+    other_zip = tmp_path / "other.zip"
+    with zipfile.ZipFile(other_zip, "w") as zf:
+        zf.writestr("notes.txt", "hello")
+    files = {"text": (b"epoch: 3\n", r"not a PyTorch checkpoint .*: it is a file of another kind"),
+             "empty": (b"", r"not a PyTorch checkpoint .*: it is an empty file"),
+             "zip": (other_zip.read_bytes(), r"it is a zip archive without the data\.pkl"),
+             "cut": (real[: len(real) // 3], r"is a damaged checkpoint: it begins as the zip archive"),
+             "four_bytes": (real[:4], r"is a damaged checkpoint"),
+             "corrupt_pickle": (bytes(corrupt), r"is a damaged checkpoint")}
+    for name, (data, message) in files.items():
+        path = tmp_path / f"{name}.ckpt"
+        path.write_bytes(data)
+        with pytest.raises(UserError, match=message):
+            load_checkpoint(path)
+    plain = tmp_path / "list.ckpt"
+    torch.save([torch.ones(2)], plain)
+    with pytest.raises(UserError, match=r"holds a list, not a checkpoint dict"):
+        load_checkpoint(plain)
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_payload_is_refused_whatever_the_pickle_protocol_or_format(tmp_path, protocol, monkeypatch):
+    from attnlab.callbacks.checkpoint import AtomicCheckpointIO
+    from attnlab.checkpoints import load_checkpoint
+
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    marker = tmp_path / "ran"
+    path = tmp_path / "p.ckpt"
+    for legacy in (False, True):
+        torch.save({"w": torch.ones(2), "x": hostile.Payload(marker)}, path, pickle_protocol=protocol,
+                   _use_new_zipfile_serialization=not legacy)
+        with pytest.raises(UserError, match=r"asks for posix\.system.*trust_checkpoint=true"):
+            load_checkpoint(path)
+        with pytest.raises(UserError, match=r"asks for posix\.system"):  # Lightning's own loads: the same reader
+            AtomicCheckpointIO().load_checkpoint(path, weights_only=False)
+    assert not marker.exists()
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)  # PyTorch < 1.6's format, safe
+    assert load_checkpoint(path)["w"].sum() == 2
+
+
+def test_trust_loads_in_full(tmp_path):
+    from argparse import Namespace
+
+    from attnlab.checkpoints import load_checkpoint
+
+    path = tmp_path / "namespace.ckpt"
+    torch.save({"hyper_parameters": {"args": Namespace(lr=0.5)}}, path)  # Lightning's older hparams
+    with pytest.raises(UserError, match=r"asks for argparse\.Namespace"):
+        load_checkpoint(path)
+    assert load_checkpoint(path, trusted=True)["hyper_parameters"]["args"].lr == 0.5
+
+
+def test_a_payload_in_a_sharded_checkpoints_meta_pt(base, tmp_path):
+    from attnlab.checkpoints import load_checkpoint
+
+    state = torch.load(base[0] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    hostile._sharded(state | {"extra": hostile.Payload(tmp_path / "ran")}, folder)
+    with pytest.raises(UserError, match=r"asks for posix\.system"):
+        load_checkpoint(folder)
+    assert not (tmp_path / "ran").exists()
+    (folder / "meta.pt").unlink()
+    hostile._sharded(state, folder)  # whole again: read like the file
+    assert load_checkpoint(folder)["state_dict"].keys() == state["state_dict"].keys()
+
+
+def test_what_a_config_names_is_built_only_when_attnlab_or_the_command_names_it(monkeypatch):
+    from attnlab import trust
+
+    trust.from_command({"extras": {"imports": ["mypkg.nets"]}, "model": {"_target_": "mypkg.tasks.Mine"}})
+    refused = {name: trust.refused_name(node) for name, node in {
+        "attnlab class": {"model": {"_target_": "attnlab.tasks.classification.ImageClassifier"}},
+        "packaged optimizer": {"optimizer": {"_target_": "torch.optim.AdamW"}},
+        "named by the command": {"model": {"_target_": "mypkg.tasks.Mine", "net": "mypkg.nets.Net"}},
+        "timm name": {"model": {"backbone": "vit_base_patch16_224.augreg_in21k"}},
+        "attnlab function": {"optimizer": {"_target_": "attnlab.utils.atomic.write_text"}},
+        "stdlib callable": {"scheduler": {"_target_": "os.system"}},
+        "an import": {"extras": {"imports": ["evil"]}},
+        "a dotted network": {"model": {"net": "evil.Net"}},
+    }.items()}
+    assert {k for k, v in refused.items() if v is None} == {"attnlab class", "packaged optimizer",
+                                                           "named by the command", "timm name"}
+    assert refused["an import"] == ("extras.imports[0]", "module", "evil")
+    assert refused["a dotted network"] == ("model.net", "callable", "evil.Net")
+    trust.set_trusted(True)
+    try:
+        assert trust.refused_name({"extras": {"imports": ["evil"]}}) is None
+    finally:
+        trust.from_command({})
+
+
+def test_a_cifar_batch_is_read_without_running_anything(tmp_path):
+    import numpy as np
+
+    from attnlab.data.cifar import _unpickle
+
+    batch = {"data": np.arange(12, dtype=np.uint8).reshape(1, 12), "labels": [3], "filenames": [b"a.png"]}
+    for protocol in (2, 5):
+        (tmp_path / "batch").write_bytes(pickle.dumps(batch, protocol=protocol))
+        assert _unpickle(tmp_path / "batch")["data"].sum() == 66
+    (tmp_path / "batch").write_bytes(pickle.dumps(batch | {"x": hostile.Payload(tmp_path / "ran")}))
+    with pytest.raises(UserError, match=r"asks for posix\.system, which a CIFAR python batch .* never holds"):
+        _unpickle(tmp_path / "batch")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_hugging_face_weights_load_without_pickle_or_weights_only(tmp_path):
+    from safetensors.torch import save_file
+
+    from attnlab.transfer.hf import read_weights
+
+    weights = {"wte.weight": torch.ones(4, 2)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    assert read_weights(tmp_path)["wte.weight"].sum() == 8
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(weights, tmp_path / "pytorch_model.bin")
+    assert read_weights(tmp_path)["wte.weight"].sum() == 8
+    torch.save(weights | {"x": hostile.Payload(tmp_path / "ran")}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(UserError, match=r"model\.init_from: .*pytorch_model\.bin asks for posix\.system"):
+        read_weights(tmp_path)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_token_caches_load_without_pickle(tmp_path):
+    """A token cache whose document index is a pickle is built again, never unpickled; no reader in attnlab asks
+    numpy for pickles, and every torch.load names weights_only."""
+    import ast
+
+    import numpy as np
+
+    from attnlab.data.token_arrays import _intact
+
+    index = np.array([hostile.Payload(tmp_path / "ran")], dtype=object)
+    np.save(tmp_path / "train.docs.npy", index, allow_pickle=True)
+    (tmp_path / "train.bin").write_bytes(b"\0" * 8)
+    assert not _intact(tmp_path / "train.bin", tmp_path / "train.docs.npy", 2)
+    assert not (tmp_path / "ran").exists()
+    src = Path(__file__).resolve().parents[1] / "src" / "attnlab"
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name, keywords = ast.unparse(node.func), {k.arg: ast.unparse(k.value) for k in node.keywords}
+            where = f"{path.relative_to(src)}:{node.lineno}"
+            assert name not in ("pickle.load", "pickle.loads", "joblib.load", "dill.load"), where
+            if name in ("np.load", "numpy.load"):
+                assert keywords.get("allow_pickle", "False") == "False", where
+            if name == "torch.load":
+                assert "weights_only" in keywords, where
+
+
+def test_the_report_escapes_everything_from_a_run_folder(tmp_path, monkeypatch):
+    """Run names, config values and metric names from a run folder are text in the HTML report; a resolver a run's
+    config.yaml names (${oc.env:...}) is never called."""
+    from attnlab.compare.cli import compare
+
+    script = "<script>alert(1)</script>"
+    monkeypatch.setenv("ATTNLAB_TEST_SECRET_TOKEN", "do-not-show-this")
+    for i, name in enumerate(["<script>run", "plain"]):
+        run = tmp_path / "runs" / name
+        (run / "csv").mkdir(parents=True)
+        (run / "config.yaml").write_text(
+            f"model:\n  _target_: x.Task\n  note: '{script}{i}'\n  home: '${{oc.env:ATTNLAB_TEST_SECRET_TOKEN}}{i}'\n")
+        (run / "metrics.json").write_text(json.dumps({"val/acc": 0.5 + i / 10, f"val/{script}": 1.0}))
+        (run / "csv" / "metrics.csv").write_text(f"step,val/acc,val/{script}\n1,0.1,1\n2,0.2,2\n")
+    report = tmp_path / "report.html"
+    compare([str(tmp_path / "runs")], report=report)
+    page = report.read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "do-not-show-this" not in page and "oc.env:ATTNLAB_TEST_SECRET_TOKEN" in page
+    assert os.environ["ATTNLAB_TEST_SECRET_TOKEN"] == "do-not-show-this"
