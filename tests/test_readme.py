@@ -57,6 +57,8 @@ BENCHMARK_BUDGET = {
                           "trainer.limit_val_batches=2", "trainer.limit_test_batches=1"],
     "gpt2_gpu.py": [],      # [GPU] only
     "vision_gpu.py": ["--images", "24"],
+    "imagenet_loader.py": ["--images", "24", "--batch", "4", "--workers", "0", "--rounds", "1",
+                           "--root", "{cwd}/loader_benchmark"],
     # --tiny in the README (gpu_check.sh is its [GPU] run); the vision and ddp rows' train.py paths have their own
     # tests (test_train.py, test_cli.py): here the script's table, one train.py run and the loader
     "gpu_check.py": ["--repeats", "1", "--images", "24", "--only", "gpt", "loader"],
