@@ -193,3 +193,22 @@ def test_imagenets_odd_files_read_as_pillow_reads_them(tmp_path, kind, decoder):
         _seed(2)
         got = tf.from_path(path)
         assert (got.float() - expected.float()).abs().mean() < 1.0
+
+
+def test_random_erasing_on_cpu_is_timms_on_one_thread():
+    """On CPUs the batch's random erasing runs on one thread (its copies are too small to share out; an OpenMP team
+    waiting for cores the workers hold cost 10x the CPU time): the same rectangles and values as timm's, and the
+    thread count as it was."""
+    from timm.data.random_erasing import RandomErasing
+
+    from attnlab.data.transforms import BatchNormalizer
+
+    norm = BatchNormalizer(SWIN["mean"], SWIN["std"], re_prob=0.5, re_mode="pixel")
+    x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    threads = torch.get_num_threads()
+    _seed(4)
+    got = norm(x, train=True)
+    assert torch.get_num_threads() == threads
+    _seed(4)
+    expected = RandomErasing(0.5, mode="pixel", device="cpu")(norm(x, train=False))
+    assert torch.equal(got, expected)
