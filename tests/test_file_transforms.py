@@ -74,48 +74,60 @@ def test_each_file_gets_timms_draws_and_nearly_timms_pixels(tmp_path, decoder):
 
 
 def test_the_augmentation_statistics_are_timms(tmp_path):
-    """Many draws, recorded from both: crop area and aspect ratio, flips, and RandAugment's op counts are timm's
-    (the ops are timm's own objects: the same table, probabilities and magnitudes)."""
+    """Many draws, recorded from both: crop area and aspect ratio, flips, RandAugment's ops and their arguments (from
+    the magnitudes) are the same draws as timm's, and their statistics timm's (the ops are timm's own objects: the
+    same table, probabilities and magnitudes)."""
     tf = train_transform(64, 3, SWIN)
     path = _photo(tmp_path / "a.jpg", (500, 375), 0)
-    ra = next(t for t in tf.middle if type(t).__name__ == "RandAugment")
+    flip, ra = tf.middle
+    assert type(flip).__name__ == "RandomHorizontalFlip" and flip.p == 0.5
     assert [op.name for op in ra.ops] == [op.name for op in tf.compose.transforms[2].ops]
     assert {op.magnitude for op in ra.ops} == {9} and {op.magnitude_std for op in ra.ops} == {0.5}
 
     def record(run):
-        crops, calls = [], []
-        get_params = tf.crop.get_params
+        crops, flips, calls = [], [], []
+        get_params, flip_forward = tf.crop.get_params, flip.forward
         originals = {op: op.aug_fn for op in ra.ops}
 
         def spy_params(img, scale, ratio):
-            out = get_params(img, scale, ratio)
-            crops.append(out)
+            crops.append(get_params(img, scale, ratio))
+            return crops[-1]
+
+        def spy_flip(img):
+            out = flip_forward(img)
+            flips.append(out is not img)
             return out
 
-        tf.crop.get_params = spy_params
+        def spy_op(fn, name):
+            return lambda img, *a, **k: (calls.append((name, a)), fn(img, *a, **k))[1]
+
+        tf.crop.get_params, flip.forward = spy_params, spy_flip
         for op in ra.ops:
-            op.aug_fn = (lambda fn, name: lambda img, *a, **k: (calls.append(name), fn(img, *a, **k))[1])(
-                originals[op], op.name)
+            op.aug_fn = spy_op(originals[op], op.name)
         try:
             _seed(1)
             for _ in range(300):
                 run()
         finally:
-            del tf.crop.get_params
+            del tf.crop.get_params, flip.forward
             for op in ra.ops:
                 op.aug_fn = originals[op]
-        return np.array(crops, dtype=float), calls
+        return np.array(crops, dtype=float), flips, calls
 
     img = Image.open(path).convert("RGB")
     ours = record(lambda: tf.from_path(path))
     theirs = record(lambda: tf.compose(img))
-    assert np.array_equal(ours[0], theirs[0]) and ours[1] == theirs[1]  # the very same draws, in order
-    area = ours[0][:, 2] * ours[0][:, 3] / (500 * 375)
-    aspect = ours[0][:, 3] / ours[0][:, 2]
+    assert np.array_equal(ours[0], theirs[0]) and ours[1:] == theirs[1:]  # the very same draws, in order
+    crops, flips, calls = ours
+    area = crops[:, 2] * crops[:, 3] / (500 * 375)
+    aspect = crops[:, 3] / crops[:, 2]
     assert 0.08 <= area.min() and area.max() <= 1.0 and 0.4 < area.mean() < 0.65
     assert 3 / 4 - 0.01 <= aspect.min() and aspect.max() <= 4 / 3 + 0.01
-    assert 200 < len(ours[1]) < 400  # 2 ops a sample, each with probability 0.5: 300 expected
-    assert len(set(ours[1])) == 15
+    assert 120 < sum(flips) < 180  # probability 0.5
+    assert 200 < len(calls) < 400  # 2 ops a sample, each with probability 0.5: 300 expected
+    assert len({name for name, _ in calls}) == 15
+    degrees = [abs(a[0]) for name, a in calls if name == "Rotate"]  # magnitude 9 +- 0.5 of 10: 27 +- 1.5 degrees
+    assert degrees and 22 < min(degrees) and max(degrees) < 30 + 1e-6 and 25.5 < np.mean(degrees) < 28.5
 
 
 @pytest.mark.parametrize("size, reduce", [((1600, 1200), 4), ((1000, 750), 2), ((500, 375), 1)])
