@@ -256,3 +256,48 @@ def test_train_py_on_shards_resumes_its_epoch_from_the_checkpoint(converted, tmp
     resumed.load_state_dict(state)
     rest = [x for x, _ in resumed]
     assert len(whole) == 9 and len(rest) == 6 and all(torch.equal(a, b) for a, b in zip(whole[3:], rest))
+
+
+class KillAtStep:
+    """A callback that SIGKILLs its process at the start of training step `step`, once (its marker file)."""
+
+    def __new__(cls, step: int, marker: str):
+        import lightning as L
+
+        class _Kill(L.Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                if trainer.global_step == step and not Path(marker).exists():
+                    Path(marker).touch()
+                    os.kill(os.getpid(), 9)
+
+        return _Kill()
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_killed_mid_epoch_continues_exactly(converted, tmp_path):
+    """SIGKILL mid-epoch of `python train.py data.format=shards` with 2 loader workers, after a step save, then the same
+    command into the same folder: it resumes from that step with the samples its epoch had left, and ends with the
+    numbers of an uninterrupted run."""
+    _, shards, _ = converted
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONUNBUFFERED": "1",
+                        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    args = [sys.executable, "train.py", "data=imagefolder", "data.format=shards", f"data.root={shards}",
+            "data.image_size=16", "data.batch_size=4", "data.num_workers=2", "data.augment=null", "trainer.max_epochs=2",
+            "callbacks.model_checkpoint.every_n_train_steps=3", *FAST]
+    kill = ["+callbacks.kill._target_=test_shards.KillAtStep", "+callbacks.kill.step=13",
+            f"+callbacks.kill.marker={tmp_path / 'killed'}"]  # epoch 2 (9 steps each), after the save at step 12
+
+    def run(folder, *extra):
+        return subprocess.run([*args, *extra, f"hydra.run.dir={folder}"], cwd=Path(__file__).parents[1], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    killed = run(tmp_path / "killed_run", *kill)
+    assert killed.returncode == -9 and (tmp_path / "killed").exists(), killed.stdout[-3000:]
+    assert torch.load(tmp_path / "killed_run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12
+    resumed = run(tmp_path / "killed_run", *kill)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stdout, resumed.stdout[-3000:]
+    one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "killed_run"))
+    for key in ("val/loss", "val/acc", "test/loss", "test/acc", "train/loss_epoch"):
+        assert two[key] == pytest.approx(one[key], abs=1e-6), key
