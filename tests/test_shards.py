@@ -301,3 +301,44 @@ def test_a_run_on_shards_killed_mid_epoch_continues_exactly(converted, tmp_path)
     one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "killed_run"))
     for key in ("val/loss", "val/acc", "test/loss", "test/acc", "train/loss_epoch"):
         assert two[key] == pytest.approx(one[key], abs=1e-6), key
+
+
+class RecordSamples:
+    """A callback that writes, per rank, a fingerprint of each training image per epoch to <folder>/rank<r>.json."""
+
+    def __new__(cls, folder: str):
+        import lightning as L
+
+        class _Record(L.Callback):
+            seen: dict = {}
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                images = batch[0].reshape(len(batch[0]), -1).to(torch.float64)
+                prints = (images * torch.arange(1, images.shape[1] + 1, dtype=torch.float64)).sum(1).tolist()
+                self.seen.setdefault(str(trainer.current_epoch), []).extend(prints)
+
+            def on_train_end(self, trainer, pl_module):
+                Path(folder, f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+        return _Record()
+
+
+@pytest.mark.slow
+def test_ddp_on_shards_gives_each_rank_its_own_samples(converted, tmp_path):
+    """`python train.py trainer=ddp_cpu data.format=shards`: the 2 ranks train on disjoint images each epoch, all but
+    38 mod (2 x 4) = 6 of them, in another order the next epoch."""
+    _, shards, _ = converted
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONUNBUFFERED": "1",
+                        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "train.py", "trainer=ddp_cpu", "data=imagefolder", "data.format=shards",
+                          f"data.root={shards}", "data.image_size=16", "data.batch_size=4", "data.num_workers=1",
+                          "data.augment=null", "trainer.max_epochs=2", "test=false", *FAST,
+                          "+callbacks.record._target_=test_shards.RecordSamples", f"+callbacks.record.folder={tmp_path}",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=Path(__file__).parents[1], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for epoch in ("0", "1"):
+        a, b = ranks[0][epoch], ranks[1][epoch]
+        assert len(a) == len(b) == 16 and len(set(a) | set(b)) == 32  # disjoint, 38 - 6 images
+    assert ranks[0]["0"] != ranks[0]["1"]

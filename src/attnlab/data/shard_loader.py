@@ -13,7 +13,7 @@ The loader's state, saved with the fit loop in every checkpoint, is LitData's (s
 settings: plain ints, strings and lists) plus the random state of the process, as `ResumableDataLoader` saves it:
 `torch.load(weights_only=True)` reads it. A run resumed mid-epoch with the same number of processes, workers and
 batch size continues with exactly the samples the epoch had left; with another, the interrupted epoch restarts from
-its first batch, and the log says so. The workers are started afresh each epoch (not persistent): a worker's dataset
+its first batch for the batches it had left (Lightning ends the epoch at its count), and the log says so. The workers are started afresh each epoch (not persistent): a worker's dataset
 takes the epoch and the resumed position when it starts.
 
 Evaluation (and the memory estimate's first batch): `ShardImages`, a map-style view of a split by sample index, read
@@ -123,9 +123,10 @@ class ShardLoader(StreamingDataLoader):
         if was != self.topology():
             names = ("processes", "loader workers", "batch size")
             changed = ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, was, self.topology()) if a != b)
-            log.warning("resuming with another layout of the training data than the checkpoint's (%s): the shards' "
-                        "interrupted epoch restarts from its first batch (LitData's position holds for the layout it "
-                        "was saved with)", changed)
+            log.warning("resuming with another layout of the training data than the checkpoint's (%s): LitData's "
+                        "position holds only for the layout it was saved with, so the shards' interrupted epoch "
+                        "restarts from its first batch, for the batches it had left; in that epoch some samples are "
+                        "seen twice and others not", changed)
             return
         saved = dict(saved)
         if (saved.get("input_dir_path"), saved.get("input_dir_url")) != (self.dataset.input_dir.path,
