@@ -13,8 +13,9 @@ The loader's state, saved with the fit loop in every checkpoint, is LitData's (s
 settings: plain ints, strings and lists) plus the random state of the process, as `ResumableDataLoader` saves it:
 `torch.load(weights_only=True)` reads it. A run resumed mid-epoch with the same number of processes, workers and
 batch size continues with exactly the samples the epoch had left; with another, the interrupted epoch restarts from
-its first batch for the batches it had left (Lightning ends the epoch at its count), and the log says so. The workers are started afresh each epoch (not persistent): a worker's dataset
-takes the epoch and the resumed position when it starts.
+its first batch for the batches it had left (Lightning ends the epoch at its count), and the log says so. The
+workers are started afresh each epoch (not persistent): a worker's dataset takes the epoch and the resumed position
+when it starts.
 
 Evaluation (and the memory estimate's first batch): `ShardImages`, a map-style view of a split by sample index, read
 in the order the split was written, which the usual samplers split among processes as for the image folder.
