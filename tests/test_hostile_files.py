@@ -301,3 +301,27 @@ def test_the_report_escapes_everything_from_a_run_folder(tmp_path, monkeypatch):
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "do-not-show-this" not in page and "oc.env:ATTNLAB_TEST_SECRET_TOKEN" in page
     assert os.environ["ATTNLAB_TEST_SECRET_TOKEN"] == "do-not-show-this"
+
+
+def test_a_run_folder_never_trusts_itself(tmp_path):
+    """--rerun: what the folder's config names is built only where the command names it or trusts the folder; a
+    trust_checkpoint the folder's own config sets counts for nothing."""
+    import yaml
+
+    from attnlab import trust
+    from attnlab.cli import rerun
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        {"task_name": "train", "trust_checkpoint": True, "optimizer": {"_target_": "os.system", "command": "x"}}))
+    try:
+        with pytest.raises(UserError, match=r"--rerun .* names os\.system \(optimizer\._target_\)"):
+            rerun.config(run_dir, [], tmp_path / "out")
+        cfg = rerun.config(run_dir, ["trust_checkpoint=true"], tmp_path / "out")
+        assert cfg.trust_checkpoint is True and trust.trusted()
+        cfg = rerun.config(run_dir, ["optimizer._target_=torch.optim.SGD"], tmp_path / "out")  # named by the command
+        assert cfg.trust_checkpoint is False and not trust.trusted()
+    finally:
+        trust.from_command({})
+        rerun._run_dir, rerun._asked = None, []

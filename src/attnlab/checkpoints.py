@@ -142,6 +142,9 @@ def _load_file(path: Path, key: str, mmap: bool, trusted: bool, map_location: An
                                  f"({' '.join(str(e).split())[:120]})") from None
     if len(records) != 1:
         raise not_a_checkpoint(key, path, "a zip archive without the data.pkl of torch.save's")
+    broken = _broken_record(path)
+    if broken:
+        raise damaged(key, path, broken)
     if not trusted:
         try:  # every global torch's restricted unpickler would refuse, read without running anything
             names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
@@ -152,7 +155,7 @@ def _load_file(path: Path, key: str, mmap: bool, trusted: bool, map_location: An
     try:
         return torch.load(path, map_location=map_location, weights_only=not trusted, mmap=mmap)
     except pickle.UnpicklingError as e:
-        if trusted or not _intact(path, records[0]):
+        if trusted:
             raise damaged(key, path, _reason(e)) from None
         with zipfile.ZipFile(path) as zf:
             raise _refused(key, path, e, zf.read(records[0])) from None
@@ -181,15 +184,29 @@ def _refused(key: str, path: Path, e: BaseException, pickled: bytes) -> UserErro
         f"unpickling could load it, and that can run any code as you; nothing of it was run. {trust.HOW}")
 
 
-def _intact(path: Path, record: str) -> bool:
-    """Whether a zip record reads whole with its checksum (a damaged file, unlike a hostile one, fails it)."""
+_VERIFIED: set[tuple[str, int, int]] = set()  # files whose records all read whole, by path, size and time
+
+
+def _broken_record(path: Path) -> str | None:
+    """What is damaged in a checkpoint's zip archive: a record that does not read whole with its checksum (torch's
+    reader checks none: cut-short or corrupted weights would load as they are); None when it is whole. Each file is
+    checked once per process."""
+    stat = path.stat()
+    seen = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if seen in _VERIFIED:
+        return None
+    name = "?"
     try:
-        with zipfile.ZipFile(path) as zf, zf.open(record) as fh:
-            while fh.read(1 << 20):
-                pass
-        return True
-    except Exception:
-        return False
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                name = info.filename
+                with zf.open(info) as fh:
+                    while fh.read(1 << 24):
+                        pass
+    except Exception as e:
+        return f"its record {name} does not read whole ({' '.join(str(e).split())[:120]})"
+    _VERIFIED.add(seen)
+    return None
 
 
 def _detail(e: BaseException) -> str:

@@ -245,11 +245,13 @@ def load_task(ckpt_path: str, meta: dict):
     then its hyperparameters given to the task's class; those a lightning-hydra-template style module was built from
     config nodes (`net`, `optimizer`: callbacks/plain_hparams.py) are built again from them."""
     from lightning.pytorch.core.saving import _load_state
+    from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
 
     from attnlab.callbacks.plain_hparams import rebuild_hparams
     from attnlab.checkpoints import load_checkpoint
 
-    ckpt = load_checkpoint(ckpt_path)
+    # what Lightning's load_from_checkpoint does, from the dict the one reader gave (a sharded folder's too)
+    ckpt = _pl_migrate_checkpoint(load_checkpoint(ckpt_path), checkpoint_path=None)
     import_user_modules((meta["config"].get("extras") or {}).get("imports"))
     task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
