@@ -29,7 +29,7 @@ def _reset() -> None:
     import attnlab.cli.rerun as rerun
     import attnlab.cli.train as train
 
-    train._rerun, rerun._run_dir, rerun._asked = None, None, []
+    train._rerun, rerun._run_dir, rerun._asked, rerun._given = None, None, [], None
     for logger in (logging.getLogger(), logging.getLogger("attnlab")):
         for handler in list(logger.handlers):
             logger.removeHandler(handler)

@@ -150,7 +150,7 @@ ENTRIES = {
     "init_from": lambda h: ("train.py", [f"model.init_from={h.ckpt}", *SHORT]),
     "ckpt_path": lambda h: ("train.py", [f"ckpt_path={h.ckpt}", *SHORT]),
     "preflight": lambda h: ("train.py", ["preflight=true", "preflight_steps=1", f"ckpt_path={h.ckpt}", *SHORT]),
-    "rerun": lambda h: ("train.py", ["--rerun", str(h.run_dir)]),
+    "rerun": lambda h: ("train.py", ["--rerun", str(h.ckpt)]),  # the file, in the run folder it names
     # after --rerun: Hydra writes this command's own .hydra/config.yaml into the run folder
     "run_dir_resume": lambda h: ("train.py", [f"hydra.run.dir={h.run_dir}", *SHORT]),
     "compare": lambda h: ("compare", [str(h.run_dir)]),

@@ -324,4 +324,4 @@ def test_a_run_folder_never_trusts_itself(tmp_path):
         assert cfg.trust_checkpoint is False and not trust.trusted()
     finally:
         trust.from_command({})
-        rerun._run_dir, rerun._asked = None, []
+        rerun._run_dir, rerun._asked, rerun._given = None, [], None

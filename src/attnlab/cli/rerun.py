@@ -32,6 +32,9 @@ _COMPARED = ("attnlab", "git.commit", "git.dirty", "python", "packages.", "accel
 # overrides are only the rerun's task_name)
 _run_dir: Path | None = None
 _asked: list[str] = []
+# what --rerun was given: the run folder, or a file in it (a checkpoint, read as every checkpoint is: check_given)
+_given: Path | None = None
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 
 
 def split_argv(argv: list[str]) -> tuple[Path | None, list[str]]:
@@ -43,6 +46,8 @@ def split_argv(argv: list[str]) -> tuple[Path | None, list[str]]:
             if not value or value.startswith("-"):
                 raise UserError(f"{FLAG} needs the run folder to train again: python train.py {FLAG} "
                                 "logs/train/runs/<time> (the folder a run prints as 'run directory:').")
+            global _given
+            _given = Path(value)
             return run_folder(Path(value)), rest
     return None, argv
 
@@ -104,6 +109,7 @@ def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
                             f"{run_dir}/config.yaml, or add a new key with +{arg}.")
         OmegaConf.update(cfg, key, yaml_value(value), force_add=arg.startswith("+"))
     trust.from_command({trust.TRUST_KEY: asked_trust}, overrides=extra)
+    check_given(_given)
     trust.check_names(OmegaConf.to_container(cfg, resolve=False), f"{FLAG} {run_dir} (its .hydra/config.yaml)")
     from attnlab.utils.atomic import write_text
 
@@ -118,6 +124,19 @@ def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
     log.info(f"rerun of {run_dir}: its own config{' with ' + ' '.join(extra) if extra else ''}, into {out_dir}")
     warn_lineage(run_dir)
     return cfg
+
+
+def check_given(given: Path | None) -> None:
+    """A checkpoint given to --rerun as the file of its run folder is read as every checkpoint is (what it asks for,
+    what its config names), though the rerun trains anew without it: a file that cannot be loaded safely is refused,
+    never passed over."""
+    from attnlab.checkpoints import load_checkpoint
+    from attnlab.utils.sharded import is_sharded
+
+    path = given.expanduser() if given is not None else None
+    if path is not None and (is_sharded(path) or path.is_file() and (
+            path.suffix in CHECKPOINT_SUFFIXES or path.parent.name == "checkpoints")):
+        load_checkpoint(path, FLAG, mmap=path.is_file())
 
 
 def yaml_value(text: str) -> Any:
