@@ -3,9 +3,10 @@ end to end into a trivial training step, on the same cores, alternated in one ru
 same files.
 
     python benchmarks/imagenet_loader.py [--images 2000] [--workers 2] [--batch 64] [--rounds 4] [--root DIR]
+    python benchmarks/imagenet_loader.py --images 2000 --rounds 8      # docs/benchmarks.md's table
 
 The tree: `--images` JPEGs of 500x375 pixels, about 90 KiB each, of 1/f ("pink") noise in correlated colour channels,
-whose size and decoding cost are close to a photo's (ImageNet's JPEGs average about 110 KiB and 400x350), in
+whose size and decoding cost are close to a photo's (ImageNet's JPEGs average about 110 KiB and 470x390), in
 `train/<wnid>/` folders of 10 classes. It is made once in `--root` (default: a folder under the system's temp dir).
 
 Both loaders apply the Swin-T recipe's augmentation: RandomResizedCrop 224 (scale 0.08-1, bicubic), horizontal flip,
@@ -19,6 +20,9 @@ of each loader, attnlab first, timed from its first batch to its last (the worke
 the first round); the table gives each round's images/s and the CPU time per image of the main process and the
 loader's workers together (all the work, wherever it runs; other processes on the machine slow the rate, not this),
 the medians and the median of the rounds' ratios.
+
+Then, per image in one process (one torch thread, as a loader worker), where each pipeline's time goes: decoding,
+crop and resize, flip, RandAugment, the conversion to a tensor, both on the same files with the same draws.
 
 Decode-only: the same files decoded whole to RGB arrays (Pillow's `Image.open(...).convert("RGB")`, and simplejpeg
 where installed), in one process on one core, and through a DataLoader with the same workers as above.
