@@ -248,7 +248,8 @@ def stage_costs(files: list[Path], repeats: int = 3) -> dict[str, tuple[float, f
     for k in range(repeats):
         for i, f in enumerate(files):
             random.seed(k * len(files) + i)
-            src, arr = clock("decode to an RGB array or image", 0, lambda: ((e := EncodedImage(str(f))), e.decode()))
+            src, arr = clock("decode to an RGB array or image", 0,
+                             lambda: ((e := EncodedImage(f.read_bytes())), e.decode()))
             img = clock("decode to an RGB array or image", 1, lambda: Image.open(f).convert("RGB"))
             i_, j, h, w = crop_params(*src.size)
             ours = clock("crop and resize to 224 (bicubic)", 0, tf._resized_crop, arr, i_, j, h, w, *src.size,

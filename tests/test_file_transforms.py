@@ -224,3 +224,14 @@ def test_random_erasing_on_cpu_is_timms_on_one_thread():
     _seed(4)
     expected = RandomErasing(0.5, mode="pixel", device="cpu")(norm(x, train=False))
     assert torch.equal(got, expected)
+
+
+def test_the_shards_bytes_give_what_the_file_gives(tmp_path):
+    """`from_bytes` (the shards' loader hands the stored file's bytes) is `from_path` of the same file."""
+    path = _photo(tmp_path / "a.jpg", (500, 375), 7)
+    data = Path(path).read_bytes()
+    for tf in (train_transform(64, 3, SWIN), eval_transform(64, 3, SWIN)):
+        _seed(3)
+        a = tf.from_path(path)
+        _seed(3)
+        assert torch.equal(tf.from_bytes(data), a)

@@ -18,7 +18,8 @@ same order from the same generators, with timm's own objects, and does less:
 `EvalFromFile` decodes JPEGs at least twice the resize size at a reduced size (DCT scaling, still at least the resize
 size), then applies timm's evaluation transform (resize, center crop): tests/test_file_transforms.py checks that the
 predictions of a trained network do not change. A transform's `from_path(path, mode)` is what the file datasets call
-(`FileImages`); called on an image (`transform(img)`) it is the timm transform it wraps.
+(`FileImages`), `from_bytes(data, mode)` what the shards' loader calls; called on an image (`transform(img)`) it is
+the timm transform it wraps.
 """
 
 from __future__ import annotations
@@ -50,10 +51,8 @@ def decoder() -> str:
 class EncodedImage:
     """An image file's bytes: its size from the header, decoded whole or reduced by a power of two (JPEG only)."""
 
-    def __init__(self, path: str, mode: str = "RGB"):
-        with open(path, "rb") as f:
-            self.data = f.read()
-        self.mode = mode
+    def __init__(self, data: bytes, mode: str = "RGB"):
+        self.data, self.mode = data, mode
         self.header = None  # simplejpeg's (height, width) where it can decode this file to `mode`
         if decoder() == "simplejpeg" and mode == "RGB" and self.data[:2] == b"\xff\xd8":
             try:
@@ -89,6 +88,11 @@ class EncodedImage:
             img.draft(self.mode, (math.ceil(w / reduce), math.ceil(h / reduce)))
         img = img.convert(self.mode)
         return np.asarray(img) if self.mode != "L" else np.asarray(img)[..., None]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _reduction(crop_w: int, crop_h: int, out_w: int, out_h: int) -> int:
@@ -138,7 +142,11 @@ class TrainFromFile:
         return f"TrainFromFile({self.compose!r})"
 
     def from_path(self, path: str, mode: str = "RGB") -> torch.Tensor:
-        src = EncodedImage(path, mode)
+        return self.from_bytes(_read(path), mode)
+
+    def from_bytes(self, data: bytes, mode: str = "RGB") -> torch.Tensor:
+        """The transformed image of an encoded file's bytes (a file, or a sample of the shards)."""
+        src = EncodedImage(data, mode)
         w, h = src.size
         # timm's draws, in timm's order: the crop (random), then the interpolation when it is random (random)
         i, j, ch, cw = self.crop.get_params(torch.empty((), dtype=torch.uint8).expand(h, w), self.crop.scale,
@@ -199,7 +207,10 @@ class EvalFromFile:
         return f"EvalFromFile({self.compose!r})"
 
     def from_path(self, path: str, mode: str = "RGB") -> torch.Tensor:
-        src = EncodedImage(path, mode)
+        return self.from_bytes(_read(path), mode)
+
+    def from_bytes(self, data: bytes, mode: str = "RGB") -> torch.Tensor:
+        src = EncodedImage(data, mode)
         w, h = src.size
         reduce = _reduction(w, h, self.resize_to, self.resize_to) if self.resize_to and src.can_reduce() else 1
         return self.compose(_pil(src.decode(reduce)))
