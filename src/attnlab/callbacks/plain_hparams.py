@@ -41,9 +41,9 @@ def config_nodes(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def is_plain(value: Any) -> bool:
-    """What `torch.load(weights_only=True)` reads without any global of a class: containers of numbers, strings,
-    bytes, None and tensors."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor)):
+    """What `torch.load(weights_only=True)` reads: containers of numbers, strings, bytes, None, tensors, torch's dtypes
+    and devices."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device)):
         return True
     if isinstance(value, (list, tuple)):
         return all(is_plain(v) for v in value)
