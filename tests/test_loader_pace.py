@@ -48,6 +48,10 @@ def test_the_loader_line_says_by_how_much_and_what_to_do():
         assert remedy in line, remedy
     assert "this machine has 4 CPUs" in LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg").line()
     assert "attnlab[fast]" not in LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg").line()
+    on_shards = LoaderPace(250.0, 1000.0, 2, 16, "simplejpeg", shards=True).line()
+    assert "data.format=shards" not in on_shards and "reduced-size decoding" in on_shards
+    in_memory = LoaderPace(250.0, 1000.0, 2, 16, "pillow", files=False).line()
+    assert "lighter augmentation" in in_memory and "decoding" not in in_memory
     fast = LoaderPace(loader_s=900.0, model_s=300.0, workers=4, cpus=8).line()
     assert "the model sets the pace (the loader has 3.0x its rate)" in fast and "What helps" not in fast
 

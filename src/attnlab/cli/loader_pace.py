@@ -16,7 +16,8 @@ class LoaderPace:
     workers: int
     cpus: int
     decoder: str = ""
-    files: bool = True  # the images are read from files (not arrays in memory)
+    files: bool = True  # the images are decoded from files or shards (not arrays in memory)
+    shards: bool = False  # already read from shards (data.format=shards)
 
     @property
     def slower(self) -> float:
@@ -41,9 +42,10 @@ class LoaderPace:
             more = f"more workers: about {needed} would keep up (data.num_workers={needed}"
             todo.append(more + (f"; this machine has {self.cpus} CPUs, the training process takes one)"
                                 if needed > self.cpus - 1 else ")"))
-        if self.files:
+        if self.files and not self.shards:
             todo.append("shards: data.format=shards reads a few large files in sequence instead of one small file "
                         "per image")
+        if self.files:
             todo.append("reduced-size decoding: JPEGs at least twice the crop are decoded at 1/2, 1/4 or 1/8 of "
                         "their size, so images stored with a shorter side near twice data.image_size or less decode "
                         "faster")
@@ -95,9 +97,10 @@ def pace(dm, model_s: float | None, batches: int) -> LoaderPace | None:
     if not rate:
         return None
     from attnlab.data.file_transforms import decoder
-    from attnlab.data.images import FileImages
+    from attnlab.data.images import ArrayImages
     from attnlab.utils.cpus import usable_cpus
 
     ds = dm.train_set
-    files = isinstance(ds, FileImages) or isinstance(getattr(ds, "base", None), FileImages)
-    return LoaderPace(rate, model_s, int(dm.num_workers), usable_cpus(), decoder(), files)
+    arrays = isinstance(ds, ArrayImages) or isinstance(getattr(ds, "base", None), ArrayImages)
+    return LoaderPace(rate, model_s, int(dm.num_workers), usable_cpus(), decoder(), not arrays,
+                      getattr(dm, "format", "folder") == "shards")
