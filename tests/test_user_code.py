@@ -189,3 +189,37 @@ def test_predict_py_finds_each_tasks_predictor_or_says_how_to_give_one():
     import json
 
     assert predictor_for(Mine) is json.dumps
+
+
+def test_objects_a_config_node_built_are_saved_as_that_node_and_built_again(tmp_path):
+    """lightning-hydra-template's modules keep the optimizer and scheduler partials too (save_hyperparameters without
+    ignore), and an OmegaConf container may be the hyperparameters themselves: all load with weights_only=True."""
+    import functools
+    import io
+
+    from omegaconf import OmegaConf
+
+    from attnlab.callbacks.plain_hparams import config_nodes, plain_hparams, rebuild_hparams
+    from attnlab.cli.builders import instantiate
+
+    config = {"model": {"_target_": "userpkg.module.LitClassifier",
+                        "net": {"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 3}},
+              "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "blr": None},
+              "scheduler": {"_target_": "torch.optim.lr_scheduler.StepLR", "_partial_": True, "step_size": 2}}
+    ckpt = {"hyper_parameters": {"net": torch.nn.Linear(2, 3), "lr": 0.1, "compile": False,
+                                 "optimizer": functools.partial(torch.optim.SGD, lr=0.1),
+                                 "scheduler": functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2)},
+            "datamodule_hyper_parameters": OmegaConf.create({"batch_size": 8}), "datamodule_hparams_type": dict}
+    assert plain_hparams(ckpt, config_nodes(config)) == []
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    assert sorted(loaded["hparams_from_config"]) == ["net", "optimizer", "scheduler"]
+    assert "blr" not in loaded["hyper_parameters"]["optimizer"] and loaded["datamodule_hyper_parameters"] == {
+        "batch_size": 8}
+    rebuild_hparams(loaded, instantiate)
+    hparams = loaded["hyper_parameters"]
+    assert isinstance(hparams["net"], torch.nn.Linear) and hparams["net"].out_features == 3
+    optimizer = hparams["optimizer"](params=hparams["net"].parameters())
+    assert isinstance(optimizer, torch.optim.SGD) and hparams["scheduler"](optimizer).step_size == 2
