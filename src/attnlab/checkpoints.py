@@ -87,7 +87,7 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path", mmap: bool = False
                         "attnlab's train.py (in <run dir>/checkpoints/).")
     if not trusted:
         named = {"config": run_config(ckpt)} | {part: ckpt.get(part) for part in NAMING}
-        trust.check_names({k: v for k, v in named.items() if isinstance(v, dict)}, f"{key}: {path}")
+        trust.check_names({k: v for k, v in named.items() if isinstance(v, dict)}, f"{key}: {path}", trusting=False)
     return ckpt
 
 

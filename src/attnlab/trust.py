@@ -162,9 +162,10 @@ def _attnlab_object(name: str) -> Any:
     raise ImportError(name)
 
 
-def refused_name(node: Any) -> tuple[str, str, str] | None:
-    """The first (key, kind, name) of `node` that this command may not import or build; None when all may be."""
-    if trusted():
+def refused_name(node: Any, trusting: bool | None = None) -> tuple[str, str, str] | None:
+    """The first (key, kind, name) of `node` that this command may not import or build; None when all may be (or
+    when it trusts its files: `trusting`, by default the command's trust_checkpoint)."""
+    if trusted() if trusting is None else trusting:
         return None
     named = None
     for where, kind, name in names_in(node):
@@ -176,10 +177,10 @@ def refused_name(node: Any) -> tuple[str, str, str] | None:
     return None
 
 
-def check_names(node: Any, source: str) -> None:
+def check_names(node: Any, source: str, trusting: bool | None = None) -> None:
     """Refuse a file's config (`source`: what the user gave, e.g. `ckpt_path: <path>`) that names a module or a
     callable this command may not import or build."""
-    found = refused_name(node)
+    found = refused_name(node, trusting)
     if found is None:
         return
     where, kind, name = found
