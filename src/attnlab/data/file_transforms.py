@@ -28,6 +28,7 @@ import io
 import math
 import random
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,7 +114,30 @@ def _pil(arr: np.ndarray) -> Image.Image:
     return Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
 
 
-class TrainFromFile:
+class _FromFile:
+    """A torchvision Compose that also reads an encoded file itself (from_path, from_bytes); called on an image, the
+    Compose as it is."""
+
+    compose: Any
+
+    @property
+    def transforms(self):
+        return self.compose.transforms
+
+    def __call__(self, img):
+        return self.compose(img)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.compose!r})"
+
+    def from_path(self, path: str, mode: str = "RGB") -> torch.Tensor:
+        return self.from_bytes(_read(path), mode)
+
+    def from_bytes(self, data: bytes, mode: str = "RGB") -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TrainFromFile(_FromFile):
     """timm's training transform (a Compose that starts with RandomResizedCropAndInterpolation and ends with
     MaybePILToTensor), reading the file itself: see the module's docstring."""
 
@@ -130,19 +154,6 @@ class TrainFromFile:
         ts = getattr(compose, "transforms", None)
         return bool(ts) and len(ts) >= 2 and isinstance(ts[0], RandomResizedCropAndInterpolation) \
             and isinstance(ts[-1], MaybePILToTensor)
-
-    @property
-    def transforms(self):
-        return self.compose.transforms
-
-    def __call__(self, img):
-        return self.compose(img)
-
-    def __repr__(self) -> str:
-        return f"TrainFromFile({self.compose!r})"
-
-    def from_path(self, path: str, mode: str = "RGB") -> torch.Tensor:
-        return self.from_bytes(_read(path), mode)
 
     def from_bytes(self, data: bytes, mode: str = "RGB") -> torch.Tensor:
         """The transformed image of an encoded file's bytes (a file, or a sample of the shards)."""
@@ -184,7 +195,7 @@ class TrainFromFile:
         return _pil(arr).resize((self.out_w, self.out_h), pil_modes_mapping[interp], box=box)
 
 
-class EvalFromFile:
+class EvalFromFile(_FromFile):
     """timm's evaluation transform (Resize of the shorter side, CenterCrop, MaybePILToTensor), reading JPEGs at least
     twice the resize size at a reduced size (never below it)."""
 
@@ -195,19 +206,6 @@ class EvalFromFile:
         sizes = [t.size for t in getattr(compose, "transforms", ()) if isinstance(t, Resize)]
         size = sizes[0] if sizes else None  # the shorter side's size (an int), or (h, w) when it squashes
         self.resize_to = None if size is None else int(size) if isinstance(size, int) else min(size)
-
-    @property
-    def transforms(self):
-        return self.compose.transforms
-
-    def __call__(self, img):
-        return self.compose(img)
-
-    def __repr__(self) -> str:
-        return f"EvalFromFile({self.compose!r})"
-
-    def from_path(self, path: str, mode: str = "RGB") -> torch.Tensor:
-        return self.from_bytes(_read(path), mode)
 
     def from_bytes(self, data: bytes, mode: str = "RGB") -> torch.Tensor:
         src = EncodedImage(data, mode)
