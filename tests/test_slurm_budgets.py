@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ from attnlab import lineage
 from attnlab.callbacks import peers, signals
 from attnlab.callbacks.peers import LOST, TIME_LIMIT, Ledger, PeerWatch
 from attnlab.callbacks.run_metadata import RunMetadata
+from attnlab.callbacks.signals import SignalGuard
 
 SCONTROL = """#!/bin/sh
 echo "$*" >> "$FAKE_SCONTROL_LOG"
@@ -106,8 +108,9 @@ def test_the_lost_peer_budget_holds_on_every_rank_whichever_rank_was_lost(tmp_pa
         assert requeued == (restart < 2), restart
     calls = slurm.read_text().splitlines()
     assert calls.count("requeue 77") == 2 and calls[-1] == "update JobId=77 Requeue=0", calls
-    notes = sorted(p.name for p in (tmp_path / peers.LEDGER).iterdir())
-    assert notes == ["77.0.json", "77.1.json"], notes
+    assert calls.count("update JobId=77 Requeue=0") == 1, calls
+    notes = sorted(p.name for p in (tmp_path / peers.LEDGER).iterdir())  # the third: the loss that failed it
+    assert notes == ["77.0.json", "77.1.json", "77.2.json"], notes
     assert {json.loads((tmp_path / peers.LEDGER / n).read_text())["cause"] for n in notes} == {LOST}
     record = lineage.read(tmp_path)
     assert [r["status"] for r in record["earlier"]] == ["requeued: a peer was lost"] * 2, record["earlier"]
@@ -117,7 +120,7 @@ def test_the_lost_peer_budget_holds_on_every_rank_whichever_rank_was_lost(tmp_pa
     if survivor:
         assert record["recorded_by_rank"] == 1
     said = [ln for ln in capfd.readouterr().err.splitlines() if "The job fails and is not requeued: " in ln]
-    assert len(said) == 1 and said[0].startswith("attnlab: ") and "2 times already" in said[0], said
+    assert len(said) == 1 and said[0].startswith("attnlab: ") and "lost peer or node 2 times already" in said[0], said
     assert said[0].endswith("No checkpoint was saved yet. Exit status 1."), said
 
 
@@ -145,6 +148,154 @@ def test_every_rank_computes_the_same_spent_from_the_ledger(tmp_path, slurm, mon
     assert peers.max_requeues(_trainer(tmp_path, 1))[0] == peers.DEFAULT_MAX_REQUEUES  # a batch script of one's own
     (tmp_path / peers.LEDGER / "77.1.json").write_text("{half")  # unreadable: not counted, not an error
     assert Ledger(tmp_path).spent("preempted") == 0
+
+
+def test_an_attempt_that_ended_without_a_word_counts_as_a_lost_peer(tmp_path, slurm, monkeypatch):
+    """SLURM requeued the job itself (its batch host lost before a surviving rank asked): the attempt's record,
+    written by rank 0 as it began training, still says `running`, and the next attempts count it as a lost peer. A
+    SIGTERM (scancel, an admin's requeue) is noted at once and not counted, nor is a peer's own failure, which
+    replaces the note of a lost peer written as the collective broke."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    PeerWatch().setup(_trainer(tmp_path, 0), None, "fit")  # and nothing more: its node lost, SLURM requeued it
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    trainer = _trainer(tmp_path, 0)
+    PeerWatch().setup(trainer, None, "fit")
+    guard = SignalGuard()
+    guard._trainer = trainer
+    guard.on_sigterm(signal.SIGTERM, None)  # stopped by an admin's scontrol requeue
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    trainer, watch = _trainer(tmp_path, 0), PeerWatch(wait_s=0)
+    watch.setup(trainer, None, "fit")
+    (tmp_path / ".ranks").mkdir(exist_ok=True)
+    (tmp_path / ".ranks" / f"{watch.attempt()}.rank1.json").write_text('{"rank": 1, "error": "ValueError: bug"}')
+    watch.on_exception(trainer, None, RuntimeError("gloo: Connection closed by peer"))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    causes = [r["cause"] for r in Ledger(tmp_path).earlier()]
+    assert causes == [peers.RUNNING, "stopped", "failed: rank 1 failed"], causes
+    assert Ledger(tmp_path).spent(LOST) == 1
+
+
+def test_the_sigterm_of_a_requeue_asked_for_a_lost_peer_leaves_its_note(tmp_path, slurm, monkeypatch):
+    """The requeue's SIGTERM reaches the surviving rank before it has ended: the ledger keeps the lost peer."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert _lose_a_peer(tmp_path, 1, {"max_num_timeout": 2}, monkeypatch)
+    guard = SignalGuard()
+    guard._trainer = _trainer(tmp_path, 1)
+    guard.on_sigterm(signal.SIGTERM, None)
+    assert [r["cause"] for r in Ledger(tmp_path).earlier()] == []  # this attempt's own: not an earlier one
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert [r["cause"] for r in Ledger(tmp_path).earlier()] == [LOST]
+
+
+def _warned(tmp_path: Path, sig: int = signal.SIGTERM, preempted: bool = True, launcher: dict | None = None,
+            handler=None):
+    trainer = _trainer(tmp_path, 0, launcher, step=12)
+    guard = SignalGuard()
+    guard._trainer, guard.warned, guard.warned_at, guard.preempted = trainer, sig, time.time(), preempted
+    guard._submitit = handler
+    guard.requeue(trainer)
+    return lineage.read(tmp_path)
+
+
+@pytest.mark.parametrize(("flag", "mode", "why"), [
+    ("0", "REQUEUE", "Requeue=0"), ("1", "CANCEL", "PreemptMode=CANCEL")])
+def test_a_preemption_that_slurm_does_not_requeue_is_recorded_as_stopped(tmp_path, slurm, monkeypatch, capfd, flag,
+                                                                         mode, why):
+    """SLURM's SIGTERM of a preemption, `scontrol requeue` refused: the job cannot be requeued (--no-requeue) or its
+    partition cancels what it preempts. The lineage says so, not `requeued: preempted`."""
+    monkeypatch.setenv("FAKE_REQUEUE_ERROR", "Requested operation is presently disabled for job 77")
+    monkeypatch.setenv("FAKE_PREEMPT_TIME", "2026-11-29T08:29:17")
+    monkeypatch.setenv("FAKE_REQUEUE_FLAG", flag)
+    monkeypatch.setenv("FAKE_PREEMPT_MODE", mode)
+    record = _warned(tmp_path)
+    assert record["status"] == "stopped: preempted, not requeued" and record["signal"] == "SIGTERM", record
+    assert why in record["not_requeued"] and "presently disabled" in record["not_requeued"], record
+    assert not (tmp_path / peers.LEDGER).exists() or not list((tmp_path / peers.LEDGER).iterdir())
+    err = capfd.readouterr().err
+    assert "attnlab: SIGTERM (preempted): " in err and "The job is not requeued: " in err, err
+
+
+def test_a_preemption_that_slurm_requeues_itself_is_recorded_as_requeued(tmp_path, slurm, monkeypatch):
+    """`scontrol requeue` refused as the job is requeued already (SLURM's own requeue of a preempted job), or
+    refused otherwise while SLURM preempts it under PreemptMode=REQUEUE: requeued: preempted."""
+    monkeypatch.setenv("FAKE_PREEMPT_TIME", "2026-11-29T08:29:17")
+    monkeypatch.setenv("FAKE_REQUEUE_ERROR", "Job is pending execution for job 77")
+    assert _warned(tmp_path)["status"] == "requeued: preempted"
+    monkeypatch.setenv("FAKE_REQUEUE_ERROR", "Unexpected message received")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert _warned(tmp_path)["status"] == "requeued: preempted"
+    monkeypatch.setenv("FAKE_PREEMPT_MODE", "CANCEL")  # the same refusal where a preemption cancels
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert _warned(tmp_path)["status"] == "stopped: preempted, not requeued"
+
+
+class FakeSubmitit:
+    """submitit's SignalHandler as SignalGuard uses it: its walltime heuristic says `timed_out`; its requeue
+    records the countdown it was given and exits as submitit does."""
+
+    def __init__(self, timed_out: bool, countdown: int):
+        self.timed_out, self._delayed = timed_out, SimpleNamespace(_timeout_countdown=countdown)
+        self.asked: list[tuple[bool, int]] = []
+
+    def has_timed_out(self) -> bool:
+        return self.timed_out
+
+    def checkpoint_and_try_requeue(self, signum) -> None:
+        timed_out = self.has_timed_out()
+        self.asked.append((timed_out, self._delayed._timeout_countdown - timed_out))
+        subprocess.run(["scontrol", "requeue", "77"], check=True)
+        raise SystemExit(-1)
+
+
+def _end_time(seconds_from_now: float) -> str:
+    return datetime.fromtimestamp(time.time() + seconds_from_now).isoformat(timespec="seconds")
+
+
+def test_under_launcher_slurm_attnlab_tells_a_time_limit_and_counts_it_in_the_ledger(tmp_path, slurm, monkeypatch):
+    """A late preemption (submitit's heuristic would call it a time limit) is a preemption, not counted; a warning
+    within signal_delay_s of the end time is a time limit, counted in the ledger and handed to submitit with the
+    countdown the ledger leaves; past launcher.max_num_timeout it is not requeued."""
+    launcher = {"max_num_timeout": 1, "signal_delay_s": 30}
+    monkeypatch.setenv("FAKE_PREEMPT_TIME", "2026-11-29T08:29:17")
+    monkeypatch.setenv("FAKE_END_TIME", _end_time(30))  # a preemption's end: its grace time
+    late = FakeSubmitit(timed_out=True, countdown=1)
+    record = _warned(tmp_path, signal.SIGUSR1, preempted=False, launcher=launcher, handler=late)
+    assert record["status"] == "requeued: preempted" and late.asked == [(False, 1)], (record, late.asked)
+
+    monkeypatch.delenv("FAKE_PREEMPT_TIME")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("FAKE_END_TIME", _end_time(3600))  # a warning by hand, an hour before the end
+    early = FakeSubmitit(timed_out=True, countdown=1)
+    assert _warned(tmp_path, signal.SIGUSR1, False, launcher, early)["status"] == "requeued: preempted"
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("FAKE_END_TIME", _end_time(60))  # SLURM's warning of the time limit
+    limit = FakeSubmitit(timed_out=False, countdown=1)
+    record = _warned(tmp_path, signal.SIGUSR1, False, launcher, limit)
+    assert record["status"] == "requeued: time limit" and limit.asked == [(True, 0)], (record, limit.asked)
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")  # its pickle still says 1 left (written elsewhere): ledger wins
+    again = FakeSubmitit(timed_out=False, countdown=1)
+    record = _warned(tmp_path, signal.SIGUSR1, False, launcher, again)
+    assert record["status"] == "stopped: time limit, not requeued" and not again.asked, record
+    assert "launcher.max_num_timeout times already (1 requeues for a time limit" in record["not_requeued"], record
+    causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / peers.LEDGER).iterdir())]
+    assert causes == ["preempted", "preempted", TIME_LIMIT], causes
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "4")  # submitit requeued on its own before training: counted too
+    monkeypatch.setenv("SLURM_JOB_ID", "79")
+    own = FakeSubmitit(timed_out=False, countdown=0)
+    assert _warned(tmp_path, signal.SIGUSR1, False, launcher, own)["status"] == "stopped: time limit, not requeued"
+
+
+def test_in_a_batch_script_of_ones_own_a_refused_requeue_is_not_recorded_as_one(tmp_path, slurm, monkeypatch):
+    monkeypatch.setenv("FAKE_REQUEUE_ERROR", "Requested operation is presently disabled for job 77")
+    monkeypatch.setenv("FAKE_REQUEUE_FLAG", "0")
+    record = _warned(tmp_path, signal.SIGUSR1, preempted=False)
+    assert record["status"] == "stopped: SLURM's warning, not requeued" and "Requeue=0" in record["not_requeued"]
+    monkeypatch.delenv("FAKE_REQUEUE_ERROR")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert _warned(tmp_path, signal.SIGUSR1, preempted=False)["status"] == "requeued: SLURM's warning"
 
 
 # a user's callback noting each training step of each rank: "<restart count> <rank> <step>" a line
@@ -186,8 +337,8 @@ def _until_both_ranks_train(sweep, note: Path, restart: int, timeout: float = 30
 def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_fails_once(slurm_cluster, tmp_path,
                                                                                          node):
     """launcher.max_num_timeout=2, the same node lost in each attempt (its slurmd and the job's processes on it
-    killed, the node back 15 s later): rank 1's node n2, or rank 0's node n1, where no rank 0 is left to record
-    anything. The job is requeued twice; at the third loss it fails, once, saying its budget is spent; it is not
+    killed, the node back 15 s later, 30 s for n1): rank 1's node n2, or rank 0's node n1, where no rank 0 is left
+    to record anything. The job is requeued twice; at the third loss it fails, once, saying its budget is spent; it is not
     requeued again, and the sweep driver reports it failed."""
     from test_slurm_preemption import PACE, Sweep, paced
     from test_slurm_strict import TWO_NODES, _lose_node
@@ -198,13 +349,16 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
     note = tmp_path / "steps.txt"
     sweep = Sweep(tmp_path, f"lost_{node}", *paced(1.0), "+callbacks.note._target_=step_note.StepNote",
                   f"+callbacks.note.note={note}", "launcher.max_num_timeout=2", run=TWO_NODES)
+    # n1 runs the batch script: back before the surviving rank has decided (it waits 10 s for a failed peer's note),
+    # it has SLURM requeue the job itself, the batch script gone; a node that dies stays away longer
+    outage = 30 if node == "n1" else 15
     try:
         job = sweep.job_id()
         for restart in range(3):
             _until_both_ranks_train(sweep, note, restart)
             _lose_node(job, node)
             try:
-                time.sleep(15)
+                time.sleep(outage)
             finally:
                 subprocess.run(["slurmd", "-N", node], check=True)
         out = sweep.wait(timeout=900)
@@ -218,9 +372,13 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
     assert [a["slurm"]["restart_count"] for a in attempts] == [0, 1, 2], attempts
     assert "launcher.max_num_timeout=2" in attempts[-1]["not_requeued"], attempts[-1]
     ledger = sorted(p.name for p in (sweep.run_dir / ".requeues").iterdir())
-    assert ledger == [f"{job}.0.json", f"{job}.1.json"], ledger
+    assert ledger == [f"{job}.{n}.json" for n in range(3)], ledger
+    survivor = 1 if node == "n1" else 0  # who wrote the notes: the rank left
+    notes = [json.loads((sweep.run_dir / ".requeues" / n).read_text()) for n in ledger]
+    assert {n["rank"] for n in notes} == {survivor} and {n["cause"] for n in notes} == {LOST}, notes
+    assert all(a.get("recorded_by_rank", 0) == survivor for a in attempts), attempts
     said = [ln for ln in log.splitlines() if "The job fails and is not requeued: " in ln]
-    assert len(said) == 1 and "requeued for a lost peer 2 times already" in said[0], log[-3000:]
+    assert len(said) == 1 and "requeued for a lost peer or node 2 times already" in said[0], log[-3000:]
     requeued = [ln for ln in out.splitlines() if ": requeued (a peer was lost" in ln]
     assert len(requeued) == 2 and "1 of 1 SLURM jobs of this sweep did not complete" in out, out[-3000:]
     time.sleep(15)  # not requeued by SLURM either (Requeue=0): it stays ended, after its third attempt

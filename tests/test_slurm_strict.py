@@ -5,8 +5,10 @@ the job's --signal; a sweep rides out a controller outage with every row."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -242,8 +244,12 @@ def _lose_node(job_id: str, node: str = "n2") -> None:
             if Path(f"/proc/{parent}/comm").read_text().strip() == "slurmstepd":
                 victims.add(parent)
     assert len(victims) >= 3, f"no process of job {job_id} on {node}"
-    for pid in victims:
-        os.kill(pid, 9)
+    # all frozen, then all killed: none of them reports another's end (a batch step's slurmstepd would report its
+    # script killed, and SLURM would end the job at once), as none can when the machine dies
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 # a user's callback with a bug that shows on rank 1 only, at step 15

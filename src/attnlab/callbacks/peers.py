@@ -13,15 +13,19 @@ anything else leaves a note in the run folder (`.ranks/`) first, and a surviving
   own batch script); the attempt ends with status 143 and its lineage says `requeued: a peer was lost`. Elsewhere
   (torchrun, a local launch) the error stands, after one line naming the checkpoint to resume from.
 
-The ledger (`Ledger`): every requeue attnlab asks for is written first, whole, as one small file in the run folder,
+The ledger (`Ledger`): each attempt of a multi-rank SLURM job has one small file in the run folder,
 `.requeues/<job>.<restart count>.json` (the SLURM job's id and SLURM_RESTART_COUNT, the same on every rank of an
-attempt), by whichever rank asks: rank 0 on SLURM's warning, every surviving rank for a lost peer (rank 0's node
-may be the one lost). A rank that must decide counts the files of its job from earlier attempts (restart counts
-below its own) by their cause: the same files and the same count on every rank, whichever rank was lost. The budgets
-are per cause: a lost peer and a time limit each at most `launcher.max_num_timeout` times; a preemption, or a warning
-in a batch script of one's own, is recorded but not counted. Once the lost-peer budget is spent, the job is made
-non-requeueable (`scontrol update Requeue=0`), so that SLURM itself does not requeue it on a node failure either:
-the job fails once, saying why, and is not run again.
+attempt). Rank 0 writes it, `running`, as training begins; it is rewritten, whole, with how the attempt ends, before
+any requeue is asked for, by the rank that knows: rank 0 on SLURM's warning or a SIGTERM (callbacks/signals.py), every
+surviving rank as soon as its collective breaks (rank 0's node may be the one lost; a failed peer's note then replaces
+it). A rank that must decide counts the files of its job from earlier attempts (restart counts below its own) by their
+cause: the same files and the same count on every rank, whichever rank was lost. A file still `running` is an attempt
+that ended without a word (killed outright, its node lost) and that SLURM requeued itself, as on a node failure: it
+counts as a lost peer. The budgets are per cause: a lost peer and a time limit each at most `launcher.max_num_timeout`
+times; a preemption, or a warning in a batch script of one's own, is recorded but not counted. Once the lost-peer
+budget is spent, the next loss makes the job non-requeueable at once (`scontrol update Requeue=0`, before the wait for
+a peer's note), so that SLURM itself does not requeue it on a node failure either: the job fails once, saying why,
+with status 1, and is not run again.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken p
               "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
 LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
 LOST, TIME_LIMIT = "a peer was lost", "time limit"  # the causes of requeues counted against a budget
+RUNNING = "running"  # an attempt's record until it ends: one still so in a later attempt was lost without a word
 REQUEUED_LOST = f"requeued: {LOST}"
 DEFAULT_MAX_REQUEUES = 3  # SLURM jobs of one's own batch script (launcher=slurm: launcher.max_num_timeout)
 LEDGER = ".requeues"
@@ -111,24 +116,44 @@ class Ledger:
         return sorted(found, key=lambda r: r["restart_count"])
 
     def spent(self, cause: str) -> int:
-        """How many times this job was requeued for `cause` before this attempt."""
-        return sum(1 for r in self.earlier() if r.get("cause") == cause)
+        """How many times this job was requeued for `cause` before this attempt. An earlier attempt that began
+        training and ended without any rank's word (its record still `running`: killed outright, its node lost,
+        and SLURM requeued the job itself, as it does on a node failure) counts as a lost peer."""
+        causes = (LOST, RUNNING) if cause == LOST else (cause,)
+        return sum(1 for r in self.earlier() if r.get("cause") in causes)
 
-    def note(self, cause: str, **fields) -> Path:
-        """This attempt's requeue, written whole before it is asked for."""
+    def note(self, cause: str, unless_said: bool = False, **fields) -> Path | None:
+        """This attempt's record: `running` as it begins training, then how it ends, written whole before a requeue
+        is asked for; with `unless_said`, only over `running` (a SIGTERM after a requeue asked for a lost peer does
+        not replace it). None outside a SLURM job (nothing to count) or where the folder cannot be written."""
         job, restart = this_attempt()
+        if job is None:
+            return None
         path = self.folder / f"{job}.{restart}.json"
-        self.folder.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(path, json.dumps({"job": job, "restart_count": restart, "cause": cause,
-                                            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}))
+        if unless_said and self.said(path):
+            return path
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic.write_text(path, json.dumps({"job": job, "restart_count": restart, "cause": cause,
+                                                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}))
+        except OSError:
+            return None
         return path
+
+    @staticmethod
+    def said(path: Path) -> bool:
+        """Whether the record at `path` says how its attempt ended."""
+        try:
+            return json.loads(path.read_text()).get("cause") != RUNNING
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def requeue(self, cause: str, **fields) -> tuple[bool, str]:
         """Note this attempt's requeue, then `scontrol requeue` the job: (requeued, why not). A requeue that SLURM
         refuses leaves no note."""
         path = self.note(cause, **fields)
         requeued, why = scontrol_requeue()
-        if not requeued:
+        if not requeued and path is not None:
             path.unlink(missing_ok=True)
         return requeued, why
 
@@ -220,6 +245,7 @@ class PeerWatch(Callback):
     def __init__(self, wait_s: float = 10.0):
         self.wait_s = wait_s
         self.notes = Path(".ranks")
+        self.held: bool | None = None  # made non-requeueable at the loss (past the budget): whether SLURM took it
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         from attnlab.callbacks.run_metadata import RunMetadata
@@ -227,6 +253,8 @@ class PeerWatch(Callback):
         metadata = RunMetadata.of(trainer)
         run_dir = metadata.run_dir() if metadata is not None else None
         self.notes = Path(run_dir or trainer.default_root_dir) / ".ranks"
+        if stage == "fit" and trainer.world_size > 1 and trainer.is_global_zero:
+            Ledger.of(trainer).note(RUNNING)  # the attempt began: a later one counts it if it ends without a word
 
     @staticmethod
     def attempt() -> str:
@@ -246,14 +274,26 @@ class PeerWatch(Callback):
             atomic.write_text(self.notes / f"{self.attempt()}.rank{trainer.global_rank}.json", json.dumps(
                 {"rank": trainer.global_rank, "error": f"{type(exception).__name__}: {exception}"[:500]}))
             return
+        self.note_loss(trainer)
         failed = self.peer_failure(trainer.global_rank)
         if failed is not None:
+            Ledger.of(trainer).note(f"failed: rank {failed['rank']} failed", rank=trainer.global_rank)
             _record(trainer, f"failed: rank {failed['rank']} failed", peer_error=failed["error"])
             _say(f"rank {failed['rank']} of this run failed ({failed['error'].splitlines()[0][:200]}); rank "
                  f"{trainer.global_rank} stops with it (its own error, below, follows from that one). See rank "
                  f"{failed['rank']}'s log for the cause.")
             return
         self.on_lost(trainer, exception)
+
+    def note_loss(self, trainer) -> None:
+        """Before the wait for a peer's note, as SLURM may requeue the job itself meanwhile (its batch host lost) and
+        end this process too: the loss in the ledger, and past the budget a job no longer requeueable (no requeue
+        follows, whether a peer was lost or failed)."""
+        from attnlab.callbacks.signals import in_slurm_job
+
+        ledger = Ledger.of(trainer)
+        ledger.note(LOST, rank=trainer.global_rank, global_step=trainer.global_step)
+        self.held = forbid_requeue() if in_slurm_job() and ledger.spent(LOST) >= max_requeues(trainer)[0] else None
 
     def peer_failure(self, rank: int) -> dict | None:
         """A note of another rank's own failure in this attempt, waited for a few seconds (it may still be
@@ -285,9 +325,9 @@ class PeerWatch(Callback):
         ledger, (budget, named) = Ledger.of(trainer), max_requeues(trainer)
         spent = ledger.spent(LOST)
         if spent >= budget:  # the same loss every time (a bad node, a host's OOM killer): fail once, for good
-            why = (f"it was requeued for a lost peer {spent} times already, the budget of this job ({named}); check "
-                   "the nodes (sinfo -R), then run the same command again")
-            if not forbid_requeue():
+            why = (f"it was requeued for a lost peer or node {spent} times already, the budget of this job ({named}); "
+                   "check the nodes (sinfo -R), then run the same command again")
+            if not (self.held if self.held is not None else forbid_requeue()):
                 why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
             self.fail(trainer, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}", requeues_spent=spent)
         # recorded before the requeue, for the sweep driver that sees it

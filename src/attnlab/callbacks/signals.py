@@ -11,14 +11,25 @@ SLURM's warning before a time limit or a preemption (`--signal=USR1@<seconds>`, 
 SIGUSR1, and in a submitit job submitit's own signal too ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default). The current
 step ends (on every rank of a multi-node job: they decide together, after the same step, or after the same
 validation batch when the warning comes during validation), `last.ckpt` is saved at it, then the job is requeued and
-continues from that file in its own folder:
-- in a job of `launcher=slurm` (submitit), by submitit's requeue (its handler's `checkpoint_and_try_requeue`, called
-  once last.ckpt is written): it tells a time limit from a preemption by how long the job has run, counts time limits
-  against `launcher.max_num_timeout` and, past it, does not requeue: the run then ends with status 143, its lineage
-  and last line saying why;
-- in a batch script of the user's own (`srun python train.py ...`), by `scontrol requeue <job id>`.
-Either way the attempt ends with status 143, and its lineage record says how it ended (`requeued: time limit`,
-`requeued: preempted`, `stopped: time limit, not requeued`); the requeued attempt adds a record of its own.
+continues from that file in its own folder. Rank 0 decides why SLURM warned, from what SLURM says of the job:
+- `preempted`: SLURM's SIGTERM while the job has a `PreemptTime` (scontrol show job), or its warning then;
+- under launcher=slurm, `time limit` when the warning came within `launcher.signal_delay_s` (and SLURM's minute of
+  slack) of the job's `EndTime`, else `preempted` (a warning sent by hand, or by a site's tools before a preemption);
+- in a batch script of the user's own (`srun python train.py ...`), whose lead is not known, `SLURM's warning`.
+Time limits are counted against `launcher.max_num_timeout` in the job's ledger of requeues (callbacks/peers.py), the
+record that holds the lost-peer budget too; preemptions and warnings in one's own script are not counted. Past the
+budget the job is not requeued: the run ends with status 143, its lineage and last line saying why.
+
+submitit's countdown does not decide: its `checkpoint_and_try_requeue` calls a warning a time limit once the job has
+run 80% of its limit or all but 10 minutes (a late preemption too), and counts in its job pickle. Rank 0 requeues
+through it (it writes its pickle, then runs `scontrol requeue`; `scontrol requeue` in one's own script), telling it
+attnlab's answer and the ledger's count, which its pickle keeps for a warning before the next attempt trains (its to
+handle: it requeues at once); such requeues of its own count as spent too (the larger count wins).
+
+A requeue that SLURM refuses is not recorded as one: `scontrol show job` decides. The job is requeued when SLURM has
+requeued it already, or is preempting it under `PreemptMode=REQUEUE` (the partition's, else the cluster's) and may
+(`Requeue=1`); otherwise (`--no-requeue`, `PreemptMode=CANCEL`) the lineage says `stopped: preempted, not requeued`
+with why. Each attempt ends with status 143 and a lineage record of how it ended; a requeued one adds its own.
 
 Lightning's own SLURM handler, which would save `hpc_ckpt_<n>.ckpt` and requeue too, is off: `slurm_environment()`
 gives the trainer Lightning's SLURM environment without it (builders.build_trainer). submitit's SIGTERM and SIGCONT
@@ -31,7 +42,6 @@ handle where it is submitit's signal (it requeues at once: nothing is lost); onc
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,6 +51,9 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 STOPPED = 128 + signal.SIGTERM  # the status of a run stopped by a signal: not finished
+# SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
+# job's lead and this much of its end time is its time limit's
+WARNING_SLACK_S = 90.0
 
 
 def in_slurm_job() -> bool:
@@ -72,18 +85,13 @@ def slurm_job_id() -> str | None:
     return env.get("SLURM_JOB_ID")
 
 
-def being_preempted() -> bool:
+def being_preempted(fields: dict[str, str] | None = None) -> bool:
     """Whether SLURM is preempting this job now: the controller has given it a preemption time (`PreemptTime` of
     `scontrol show job`), which a cancellation, a time limit or a plain kill does not. False when it cannot say."""
-    job = slurm_job_id()
-    if not job:
-        return False
-    try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", str(job)], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    found = re.search(r"\bPreemptTime=(\S+)", out.stdout)
-    return bool(found) and found.group(1) not in ("None", "Unknown", "")
+    from attnlab.callbacks.peers import job_fields
+
+    fields = job_fields() if fields is None else fields
+    return fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
 def submitit_handler():
@@ -110,6 +118,7 @@ class SignalGuard(Callback):
         self.patience_s = patience_s
         self.received = 0  # SIGTERMs
         self.warned: int | None = None  # SLURM's warning signal, once received
+        self.warned_at: float | None = None  # when (time.time()), to tell a time limit's warning by the time left
         self.ending = False  # saved after SLURM's warning: a SIGTERM now (the requeue's, the limit's) changes nothing
         self.listening = False  # to SLURM's warning
         self.preempted = False  # SLURM's SIGTERM of a preemption: SLURM requeues the job itself (PreemptMode=REQUEUE)
@@ -161,7 +170,7 @@ class SignalGuard(Callback):
             if trainer.strategy.reduce_boolean_decision(self.warned is not None, all=False):
                 from attnlab.compat import stop_after_this_step
 
-                self.warned = self.warned or signal.SIGUSR1
+                self.warned, self.warned_at = self.warned or signal.SIGUSR1, self.warned_at or time.time()
                 stop_after_this_step(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
@@ -179,13 +188,19 @@ class SignalGuard(Callback):
                             "requeue, the job goes on to its end.\n".encode())
 
     def on_sigterm(self, signum, frame) -> None:
+        """SLURM's preemption (a PreemptTime) is a warning, any other SIGTERM stops; noted in the ledger at once."""
+        from attnlab.callbacks.peers import Ledger
+
         if self.ending:
             return
         if not self.received and self.warned is None and self.listening and being_preempted():
             # SLURM's preemption (PreemptMode=REQUEUE): its SIGTERM is the warning, the grace time the lead
             self.preempted = True
+            Ledger.of(self._trainer).note("preempted", unless_said=True)
             self.on_warning(signum, frame)
             return
+        if not self.received and self._trainer is not None:
+            Ledger.of(self._trainer).note("stopped", unless_said=True)
         self.received += 1
         running = time.monotonic() - self.step_started if self.step_started is not None else 0.0
         if self.received == 1 and running < self.patience_s:
@@ -200,7 +215,7 @@ class SignalGuard(Callback):
 
         if self.warned is not None or self._trainer is None:
             return
-        self.warned = signum
+        self.warned, self.warned_at = signum, time.time()
         if self._trainer.world_size == 1:  # several ranks decide together, at the end of the step (on_train_batch_end)
             stop_after_this_step(self._trainer)
         if self._trainer.is_global_zero:
@@ -228,21 +243,19 @@ class SignalGuard(Callback):
                  .encode())
 
     def requeue(self, trainer) -> None:
-        """Requeue the job (submitit's requeue under launcher=slurm, else scontrol's); its rank 0 does, and says in
-        one line and in the lineage how this attempt ended."""
+        """Requeue the job, within its budget of time limits (the ledger of callbacks/peers.py); its rank 0 does, and
+        says in one line and in the lineage how this attempt ended."""
         # the requeue's SIGTERM reaches every rank: this handler alone takes it, not Lightning's, whose broadcast to
         # the ranks would meet ranks that have already gone
         self.ending = True
         signal.signal(signal.SIGTERM, self.on_sigterm)
         if not trainer.is_global_zero:
             return
+        from attnlab.callbacks.peers import job_fields
+
         name = signal.Signals(self.warned).name
-        if self._submitit is not None:
-            requeued, cause, why = self._submitit_requeue()
-        else:
-            (requeued, why), cause = self._scontrol_requeue(), "SLURM's warning"
-        if self.preempted:  # SLURM requeues a preempted job itself, whether or not it was asked to already
-            requeued, cause = True, "preempted"
+        cause = self.cause(trainer, job_fields())
+        requeued, why = self.ask_requeue(trainer, cause)
         last = self.saved(trainer)
         kept = f"step {trainer.global_step} is saved in {last}" if last else "nothing was saved (no checkpoint " \
             "is configured: callbacks.model_checkpoint)"
@@ -256,43 +269,68 @@ class SignalGuard(Callback):
         os.write(2, f"attnlab: {name} ({cause}): {kept}. The job is not requeued: {why}.{resume} Exit status "
                     f"{STOPPED} (not finished).\n".encode())
 
-    def _submitit_requeue(self) -> tuple[bool, str, str]:
-        """submitit's requeue of this job: (requeued, "time limit" or "preempted", why not). submitit tells a time
-        limit from a preemption by how long the job has run (`has_timed_out`); its answer is recorded on the way."""
+    def cause(self, trainer, fields: dict[str, str]) -> str:
+        """Why SLURM warned, as SLURM tells it (`fields`: scontrol show job): the module docstring's rules."""
+        from attnlab.callbacks.peers import seconds_left
+        from attnlab.callbacks.run_metadata import RunMetadata
+
+        if self.preempted or being_preempted(fields):
+            return "preempted"
+        if self._submitit is None:
+            return "SLURM's warning"
+        launcher = (getattr(RunMetadata.of(trainer), "lineage", None) or {}).get("launcher") or {}
+        left = seconds_left(fields, self.warned_at or time.time())
+        try:
+            return "time limit" if left <= float(launcher["signal_delay_s"]) + WARNING_SLACK_S else "preempted"
+        except (KeyError, TypeError, ValueError):  # no end time or lead known: submitit's judgement by time run
+            return "time limit" if self._submitit.has_timed_out() else "preempted"
+
+    def ask_requeue(self, trainer, cause: str) -> tuple[bool, str]:
+        """Note the requeue in the ledger and ask for it, within the budget of time limits: (requeued, why not).
+        When SLURM refuses, what it says of the job decides (peers.slurm_requeues)."""
+        from attnlab.callbacks.peers import (TIME_LIMIT, Ledger, job_fields, max_requeues, scontrol_requeue,
+                                             slurm_requeues)
+
+        ledger, (budget, named) = Ledger.of(trainer), max_requeues(trainer)
+        # time limits spent: the ledger's, or more where submitit requeued on its own (a warning before training)
+        countdown = getattr(getattr(self._submitit, "_delayed", None), "_timeout_countdown", budget)
+        spent = max(ledger.spent(TIME_LIMIT), budget - countdown if self._submitit is not None else 0)
+        if cause == TIME_LIMIT and spent >= budget:
+            return False, (f"it has reached its time limit launcher.max_num_timeout times already ({spent} requeues "
+                           f"for a time limit, {named}); give it a longer launcher.timeout_min or a larger "
+                           "launcher.max_num_timeout")
+        note = ledger.note(cause, rank=trainer.global_rank, global_step=trainer.global_step,
+                           signal=signal.Signals(self.warned).name)
+        if self._submitit is not None:
+            requeued, why = self._submitit_requeue(cause == TIME_LIMIT, max(0, budget - spent))
+        else:
+            requeued, why = scontrol_requeue()
+        if not requeued:
+            requeued, why_not = slurm_requeues(job_fields(), cause == "preempted")
+            why = "; ".join(filter(None, (why, why_not)))
+        if not requeued and note is not None:
+            note.unlink(missing_ok=True)
+        return requeued, why
+
+    def _submitit_requeue(self, timed_out: bool, countdown: int) -> tuple[bool, str]:
+        """submitit's requeue of this job (`checkpoint_and_try_requeue`), told whether this is a time limit and how
+        many time limits are left (the ledger's count)."""
         from submitit.core.utils import UncompletedJobError
 
-        handler, decided = self._submitit, {}
-        timed_out = handler.has_timed_out
-
-        def has_timed_out() -> bool:
-            decided["timed_out"] = timed_out()
-            return decided["timed_out"]
-
-        handler.has_timed_out = has_timed_out
+        handler = self._submitit
+        handler.has_timed_out = lambda: timed_out
+        handler._delayed._timeout_countdown = countdown
         try:
             handler.checkpoint_and_try_requeue(self.warned)
-            requeued, why = False, "submitit did not requeue it"
+            return False, "submitit did not requeue it"
         except SystemExit:  # submitit's way out once the job is requeued
-            requeued, why = True, ""
-        except UncompletedJobError as e:  # a time limit past launcher.max_num_timeout
-            requeued, why = False, (f"it has reached its time limit launcher.max_num_timeout times already ({e}); "
-                                    "give it a longer launcher.timeout_min or a larger launcher.max_num_timeout")
+            return True, ""
+        except UncompletedJobError as e:
+            return False, f"submitit did not requeue it ({e})"
         except (OSError, subprocess.SubprocessError) as e:  # scontrol refused
-            requeued, why = False, f"scontrol requeue failed ({e})"
+            return False, f"scontrol requeue failed ({e})"
         finally:
             del handler.has_timed_out
-        return requeued, "time limit" if decided.get("timed_out") else "preempted", why
-
-    @staticmethod
-    def _scontrol_requeue() -> tuple[bool, str]:
-        job = slurm_job_id()
-        try:
-            out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as e:
-            return False, f"scontrol requeue {job} failed ({e})"
-        if out.returncode != 0:
-            return False, f"scontrol requeue {job}: {(out.stderr or out.stdout).strip()}"
-        return True, ""
 
     @staticmethod
     def save_last(trainer) -> None:
