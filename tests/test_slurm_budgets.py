@@ -55,7 +55,8 @@ def slurm(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
-    monkeypatch.setattr(signals, "in_slurm_job", lambda: True)
+    for module in (signals, peers):
+        monkeypatch.setattr(module, "in_slurm_job", lambda: True)
     handler = signal.getsignal(signal.SIGTERM)
     yield calls
     signal.signal(signal.SIGTERM, handler)  # SignalGuard.requeue takes SIGTERM over

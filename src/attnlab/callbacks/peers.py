@@ -30,27 +30,23 @@ with status 1, and is not run again.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
-import subprocess
 import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from attnlab.callbacks.requeues import (  # noqa: F401  (the names tests and callers import from here)
+    DEFAULT_MAX_REQUEUES, LEDGER, LOST, REQUEUED_LOST, RUNNING, TIME_LIMIT, Ledger, forbid_requeue, in_slurm_job,
+    job_fields, max_requeues, scontrol_requeue, seconds_left, slurm_fields, slurm_job_id, slurm_requeues, this_attempt)
 from attnlab.utils import atomic
 
 # what torch's backends say when the other end of a collective went away
 LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken pipe", "communicator was aborted",
               "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
 LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
-LOST, TIME_LIMIT = "a peer was lost", "time limit"  # the causes of requeues counted against a budget
-RUNNING = "running"  # an attempt's record until it ends: one still so in a later attempt was lost without a word
-REQUEUED_LOST = f"requeued: {LOST}"
-DEFAULT_MAX_REQUEUES = 3  # SLURM jobs of one's own batch script (launcher=slurm: launcher.max_num_timeout)
-LEDGER = ".requeues"
+
 
 
 def lost_peer(error: BaseException) -> bool:
@@ -65,178 +61,6 @@ def lost_peer(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
-
-
-def this_attempt() -> tuple[str | None, int]:
-    """(the SLURM job as scontrol names it, SLURM_RESTART_COUNT: how many times SLURM had requeued it when this
-    attempt started), the same on every rank of the attempt."""
-    from attnlab.callbacks.signals import slurm_job_id
-
-    return slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-
-
-def max_requeues(trainer) -> tuple[int, str]:
-    """(the budget of requeues of each counted cause, how to name it): launcher.max_num_timeout under launcher=slurm
-    (the run's resolved launcher, as every rank composed it), else DEFAULT_MAX_REQUEUES."""
-    from attnlab.callbacks.run_metadata import RunMetadata
-
-    record = getattr(RunMetadata.of(trainer), "lineage", None) or {}
-    try:
-        budget = int((record.get("launcher") or {})["max_num_timeout"])
-        return budget, f"launcher.max_num_timeout={budget}"
-    except (KeyError, TypeError, ValueError):
-        return DEFAULT_MAX_REQUEUES, f"{DEFAULT_MAX_REQUEUES}, in a batch script of one's own"
-
-
-class Ledger:
-    """The requeues attnlab asked for in this run folder, one file per attempt of a SLURM job (module docstring)."""
-
-    def __init__(self, run_dir: str | os.PathLike):
-        self.folder = Path(run_dir) / LEDGER
-
-    @classmethod
-    def of(cls, trainer) -> Ledger:
-        from attnlab.callbacks.run_metadata import RunMetadata
-
-        metadata = RunMetadata.of(trainer)
-        return cls((metadata.run_dir() if metadata is not None else None) or trainer.default_root_dir)
-
-    def earlier(self) -> list[dict]:
-        """The records of this job's earlier attempts (restart counts below this attempt's), oldest first."""
-        job, restart = this_attempt()
-        found = []
-        for path in self.folder.glob(f"{glob.escape(str(job))}.*.json"):
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(record, dict) and record.get("job") == job and \
-                    isinstance(record.get("restart_count"), int) and record["restart_count"] < restart:
-                found.append(record)
-        return sorted(found, key=lambda r: r["restart_count"])
-
-    def spent(self, cause: str) -> int:
-        """How many times this job was requeued for `cause` before this attempt. An earlier attempt that began
-        training and ended without any rank's word (its record still `running`: killed outright, its node lost,
-        and SLURM requeued the job itself, as it does on a node failure) counts as a lost peer."""
-        causes = (LOST, RUNNING) if cause == LOST else (cause,)
-        return sum(1 for r in self.earlier() if r.get("cause") in causes)
-
-    def note(self, cause: str, unless_said: bool = False, **fields) -> Path | None:
-        """This attempt's record: `running` as it begins training, then how it ends, written whole before a requeue
-        is asked for; with `unless_said`, only over `running` (a SIGTERM after a requeue asked for a lost peer does
-        not replace it). None outside a SLURM job (nothing to count) or where the folder cannot be written."""
-        job, restart = this_attempt()
-        if job is None:
-            return None
-        path = self.folder / f"{job}.{restart}.json"
-        if unless_said and self.said(path):
-            return path
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            atomic.write_text(path, json.dumps({"job": job, "restart_count": restart, "cause": cause,
-                                                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}))
-        except OSError:
-            return None
-        return path
-
-    @staticmethod
-    def said(path: Path) -> bool:
-        """Whether the record at `path` says how its attempt ended."""
-        try:
-            return json.loads(path.read_text()).get("cause") != RUNNING
-        except (OSError, ValueError, AttributeError):
-            return False
-
-    def requeue(self, cause: str, **fields) -> tuple[bool, str]:
-        """Note this attempt's requeue, then `scontrol requeue` the job: (requeued, why not). A requeue that SLURM
-        refuses leaves no note."""
-        path = self.note(cause, **fields)
-        requeued, why = scontrol_requeue()
-        if not requeued and path is not None:
-            path.unlink(missing_ok=True)
-        return requeued, why
-
-
-def scontrol_requeue() -> tuple[bool, str]:
-    """`scontrol requeue` of this job: (requeued, why not). A job that SLURM has requeued already (its own requeue
-    of a preempted job, another rank's) counts as requeued."""
-    from attnlab.callbacks.signals import slurm_job_id
-
-    job = slurm_job_id()
-    try:
-        out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
-        return False, f"scontrol requeue {job} failed ({e})"
-    text = (out.stderr or out.stdout).strip()
-    if out.returncode != 0 and "already" not in text.lower() and "pending" not in text.lower():
-        return False, f"scontrol requeue {job}: {text or f'exit status {out.returncode}'}"
-    return True, ""
-
-
-def forbid_requeue() -> bool:
-    """Make this job non-requeueable (`scontrol update JobId=<job> Requeue=0`), so that SLURM does not requeue it
-    itself either (a node failure, its batch host lost); whether SLURM took it."""
-    from attnlab.callbacks.signals import slurm_job_id
-
-    try:
-        out = subprocess.run(["scontrol", "update", f"JobId={slurm_job_id()}", "Requeue=0"], capture_output=True,
-                             text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0
-
-
-def slurm_fields(*what: str) -> dict[str, str]:
-    """`scontrol show <what> -o` (`job <id>`, `partition <name>`, `config`) as {key: value}; {} when it cannot say."""
-    try:
-        out = subprocess.run(["scontrol", "show", *what, *(["-o"] if what[0] != "config" else [])],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if out.returncode != 0:
-        return {}
-    if what[0] == "config":
-        return {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in out.stdout.splitlines()) if v}
-    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", out.stdout))
-
-
-def job_fields() -> dict[str, str]:
-    """`scontrol show job` of this job; {} when it cannot say."""
-    from attnlab.callbacks.signals import slurm_job_id
-
-    job = slurm_job_id()
-    return slurm_fields("job", str(job)) if job else {}
-
-
-def seconds_left(fields: dict[str, str], at: float) -> float | None:
-    """Seconds from `at` (time.time()) to the job's end time (`EndTime`, in this machine's time zone as scontrol
-    writes it); None when it cannot say."""
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(fields["EndTime"]).timestamp() - at
-    except (KeyError, ValueError):
-        return None
-
-
-def slurm_requeues(fields: dict[str, str], preempted: bool) -> tuple[bool, str]:
-    """After a requeue that SLURM refused, what SLURM says of the job (`fields`: scontrol show job): (whether it is
-    requeued all the same, why not). It is when SLURM has requeued it already (pending again, or restarted since
-    this attempt began), or when it is being preempted under PreemptMode=REQUEUE (the partition's, else the
-    cluster's) and can be requeued (Requeue=1)."""
-    if fields.get("JobState") in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD") or \
-            int(fields.get("Restarts", "0") or 0) > this_attempt()[1]:
-        return True, ""
-    if fields.get("Requeue") == "0":
-        return False, "the job cannot be requeued (Requeue=0: --no-requeue, or the cluster's JobRequeue=0)"
-    if not preempted:
-        return False, ""
-    mode = slurm_fields("partition", fields.get("Partition", "")).get("PreemptMode", "") or \
-        slurm_fields("config").get("PreemptMode", "")
-    if "REQUEUE" in mode.upper():
-        return True, ""
-    return False, f"SLURM cancels a preempted job here (PreemptMode={mode or 'unknown'}), it does not requeue it"
 
 
 class PeerWatch(Callback):
@@ -289,7 +113,7 @@ class PeerWatch(Callback):
         """Before the wait for a peer's note, as SLURM may requeue the job itself meanwhile (its batch host lost) and
         end this process too: the loss in the ledger, and past the budget a job no longer requeueable (no requeue
         follows, whether a peer was lost or failed)."""
-        from attnlab.callbacks.signals import in_slurm_job
+
 
         ledger = Ledger.of(trainer)
         ledger.note(LOST, rank=trainer.global_rank, global_step=trainer.global_step)
@@ -312,7 +136,7 @@ class PeerWatch(Callback):
             time.sleep(0.5)
 
     def on_lost(self, trainer, exception: BaseException) -> None:
-        from attnlab.callbacks.signals import STOPPED, SignalGuard, end_at_once, in_slurm_job
+        from attnlab.callbacks.signals import STOPPED, SignalGuard, end_at_once
 
         what = str(exception).strip().splitlines()[0][:200] if str(exception).strip() else type(exception).__name__
         last = SignalGuard.saved(trainer)

@@ -50,18 +50,13 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from attnlab.callbacks.requeues import in_slurm_job, slurm_job_id  # noqa: E402,F401  (where callers import them)
+
 STOPPED = 128 + signal.SIGTERM  # the status of a run stopped by a signal: not finished
 # SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
 # job's lead and this much of its end time is its time limit's
 WARNING_SLACK_S = 90.0
 
-
-def in_slurm_job() -> bool:
-    """A task of a SLURM job started by srun (submitit's jobs, a user's `srun python train.py`), not an interactive
-    allocation: where Lightning uses its SLURM environment and a requeue can continue the run."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    return bool(os.environ.get("SLURM_JOB_ID")) and SLURMEnvironment.detect()
 
 
 def slurm_environment():
@@ -77,18 +72,11 @@ def slurm_environment():
     return SLURMEnvironment(auto_requeue=False)
 
 
-def slurm_job_id() -> str | None:
-    """The job as scontrol names it: `<array job>_<task>` for a task of an array, else its id."""
-    env = os.environ
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID")
-
 
 def being_preempted(fields: dict[str, str] | None = None) -> bool:
     """Whether SLURM is preempting this job now: the controller has given it a preemption time (`PreemptTime` of
     `scontrol show job`), which a cancellation, a time limit or a plain kill does not. False when it cannot say."""
-    from attnlab.callbacks.peers import job_fields
+    from attnlab.callbacks.requeues import job_fields
 
     fields = job_fields() if fields is None else fields
     return fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
@@ -189,7 +177,7 @@ class SignalGuard(Callback):
 
     def on_sigterm(self, signum, frame) -> None:
         """SLURM's preemption (a PreemptTime) is a warning, any other SIGTERM stops; noted in the ledger at once."""
-        from attnlab.callbacks.peers import Ledger
+        from attnlab.callbacks.requeues import Ledger
 
         if self.ending:
             return
@@ -251,7 +239,7 @@ class SignalGuard(Callback):
         signal.signal(signal.SIGTERM, self.on_sigterm)
         if not trainer.is_global_zero:
             return
-        from attnlab.callbacks.peers import job_fields
+        from attnlab.callbacks.requeues import job_fields
 
         name = signal.Signals(self.warned).name
         cause = self.cause(trainer, job_fields())
@@ -271,7 +259,7 @@ class SignalGuard(Callback):
 
     def cause(self, trainer, fields: dict[str, str]) -> str:
         """Why SLURM warned, as SLURM tells it (`fields`: scontrol show job): the module docstring's rules."""
-        from attnlab.callbacks.peers import seconds_left
+        from attnlab.callbacks.requeues import seconds_left
         from attnlab.callbacks.run_metadata import RunMetadata
 
         if self.preempted or being_preempted(fields):
@@ -288,7 +276,7 @@ class SignalGuard(Callback):
     def ask_requeue(self, trainer, cause: str) -> tuple[bool, str]:
         """Note the requeue in the ledger and ask for it, within the budget of time limits: (requeued, why not).
         When SLURM refuses, what it says of the job decides (peers.slurm_requeues)."""
-        from attnlab.callbacks.peers import (TIME_LIMIT, Ledger, job_fields, max_requeues, scontrol_requeue,
+        from attnlab.callbacks.requeues import (TIME_LIMIT, Ledger, job_fields, max_requeues, scontrol_requeue,
                                              slurm_requeues)
 
         ledger, (budget, named) = Ledger.of(trainer), max_requeues(trainer)
