@@ -313,6 +313,7 @@ EOF
 sacctmgr_works() { sacctmgr -n -P show cluster format=cluster; }
 
 start_slurmdbd() {
+  install -d -o slurm -g slurm -m 755 "$RUN" "$LOGS"  # its pid file, or stop would not find it
   write_dbd_conf
   say "starting slurmdbd"
   slurmdbd </dev/null >/dev/null 2>&1 9>&- || die 1 "slurmdbd did not start: see $LOGS/slurmdbd.log"
