@@ -137,7 +137,7 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
     monkeypatch.setattr("os._exit", exits.append)
     guard = SignalGuard(patience_s=30)
     guard._trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(last_model_path=str(tmp_path / "last.ckpt")),
-                                     callbacks=[])
+                                     callbacks=[], default_root_dir=str(tmp_path))
     guard.step_started = time.monotonic()
     guard.on_sigterm(15, None)
     assert exits == []  # the first, mid-step: Lightning saves after the step

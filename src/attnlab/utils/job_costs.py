@@ -178,7 +178,7 @@ def job_node_type(env=os.environ) -> str | None:
     if not (node and partition):
         return None
     try:
-        out = subprocess.run(["sinfo", "-a", "-h", "-N", "-n", node, "-p", partition, "-o", SINFO_FORMAT],
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-p", partition, "-o", SINFO_FORMAT],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
