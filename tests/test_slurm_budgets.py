@@ -8,6 +8,7 @@ its budget is spent; the sweep driver reports it failed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import stat
@@ -21,7 +22,7 @@ import pytest
 
 from attnlab import lineage
 from attnlab.callbacks import peers, signals
-from attnlab.callbacks.peers import LOST, TIME_LIMIT, Ledger, PeerWatch
+from attnlab.callbacks.peers import LOST, RUNNING, TIME_LIMIT, Ledger, PeerWatch
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.callbacks.signals import SignalGuard
 
@@ -333,6 +334,17 @@ def _until_both_ranks_train(sweep, note: Path, restart: int, timeout: float = 30
         time.sleep(0.5)
 
 
+def _until_decided(record: Path, least_s: float = 15, most_s: float = 120) -> None:
+    """At least `least_s`, then until the attempt's ledger record says how it ended (at most `most_s`)."""
+    time.sleep(least_s)
+    deadline = time.monotonic() + most_s - least_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(record.read_text()).get("cause") != RUNNING:
+                return
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("node", ["n2", "n1"])
 def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_fails_once(slurm_cluster, tmp_path,
@@ -350,16 +362,15 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
     note = tmp_path / "steps.txt"
     sweep = Sweep(tmp_path, f"lost_{node}", *paced(1.0), "+callbacks.note._target_=step_note.StepNote",
                   f"+callbacks.note.note={note}", "launcher.max_num_timeout=2", run=TWO_NODES)
-    # n1 runs the batch script: back before the surviving rank has decided (it waits 10 s for a failed peer's note),
-    # it has SLURM requeue the job itself, the batch script gone; a node that dies stays away longer
-    outage = 30 if node == "n1" else 15
+    # a node that dies stays away until the rank left has decided (it waits 10 s for a failed peer's note, longer on
+    # a loaded machine): n1 runs the batch script, and once back it has SLURM requeue the job itself, ending the rank
     try:
         job = sweep.job_id()
         for restart in range(3):
             _until_both_ranks_train(sweep, note, restart)
             _lose_node(job, node)
             try:
-                time.sleep(outage)
+                _until_decided(sweep.run_dir / ".requeues" / f"{job}.{restart}.json")
             finally:
                 subprocess.run(["slurmd", "-N", node], check=True)
         out = sweep.wait(timeout=900)

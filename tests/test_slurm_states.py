@@ -45,7 +45,8 @@ class Life:
     watch()'s start (OUTAGE: squeue fails; MISSING: squeue answers without the job); after the last the controller
     has forgotten the job. `sacct`: its state from then on (accounting on). `result`: the result file, "completed"
     or "failed" (Hydra's JobReturn), "error" (submitit's traceback) or None (never), whole `result_at` seconds after
-    the last attempt's end (negative: before), cut short for the `cut` seconds before (being written)."""
+    the last attempt's end (negative: before), cut short for the `cut` seconds before (being written).
+    `requeue_off`: scontrol says Requeue=0 from the last attempt's end on (its budget of requeues spent)."""
 
     segments: tuple[tuple[str, int], ...]
     accounting: bool = False
@@ -53,6 +54,7 @@ class Life:
     result: str | None = None
     result_at: int = 0
     cut: int = 0
+    requeue_off: bool = False  # the last attempt made non-requeueable (scontrol's Requeue=0 from its end on)
 
     @property
     def starts(self) -> list[int]:
@@ -154,7 +156,8 @@ def lives(draw) -> Life:
         last_alive = [s for state, s in segments if state in ALIVE][-1]
         result_at = draw(seconds(-min(20, last_alive), int(sl.RESULT_GRACE_S) - 1))
     cut = draw(st.one_of(st.just(0), seconds(1, 60))) if result else 0
-    return Life(tuple(fair(segments)), accounting, sacct, result, result_at, cut)
+    requeue_off = end in sl.MAYBE_REQUEUED and draw(st.booleans())
+    return Life(tuple(fair(segments)), accounting, sacct, result, result_at, cut, requeue_off)
 
 
 class Clock:
@@ -215,6 +218,13 @@ class World:
     def sacct(self, job_id: str) -> str | None:
         return self.life.sacct_at(self.clock.now) if job_id == JOB_ID else None
 
+    def requeueable(self, job_id: str) -> bool | None:
+        """scontrol's Requeue flag: None while the controller does not know the job or does not answer."""
+        now = self.clock.now
+        if job_id != JOB_ID or self.life.at(now) in (OUTAGE, MISSING):
+            return None
+        return not (self.life.requeue_off and now >= self.life.final_end)
+
 
 def bound() -> float:
     return 2 * sl.POLL_MAX_S + max(sl.GONE_GRACE_S, sl.RESULT_GRACE_S, sl.REQUEUE_GRACE_S)
@@ -242,6 +252,7 @@ def follow(life: Life) -> tuple[sl.Watched, float, list[logging.LogRecord]]:
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         world = World(life, Path(folder))
         for name, fake in [("_queue_states", world.squeue), ("_sacct_state", world.sacct),
+                           ("_requeueable", world.requeueable),
                            ("_accounting_on", lambda: life.accounting), ("time", world.clock),
                            ("QUEUE", sl._Queue())]:
             stack.enter_context(mock.patch.object(sl, name, fake))
@@ -356,3 +367,14 @@ FOUND = {
 @pytest.mark.parametrize("life", FOUND.values(), ids=FOUND.keys())
 def test_a_life_the_driver_was_wrong_on(life):
     check(life)
+
+
+@pytest.mark.parametrize("end", sorted(sl.MAYBE_REQUEUED))
+def test_a_job_slurm_will_not_requeue_gets_its_verdict_without_the_requeue_wait(end):
+    """Its budget of requeues spent, the job was made non-requeueable (Requeue=0): its end is final at the first poll
+    that sees it, not after REQUEUE_GRACE_S; the same end of a requeueable job waits the grace."""
+    life = Life((("PENDING", 5), ("RUNNING", 100), (end, 400)), requeue_off=True)
+    w, verdict_at, _ = follow(life)
+    assert w.state == end and verdict_at - life.final_end <= sl.POLL_MAX_S, verdict_at - life.final_end
+    w, verdict_at, _ = follow(Life(life.segments))
+    assert w.state == end and verdict_at - life.final_end >= sl.REQUEUE_GRACE_S, verdict_at - life.final_end

@@ -3,6 +3,7 @@ whose name starts with an underscore: Hydra's plugin scan does not import it on 
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 
@@ -55,3 +56,16 @@ def _sacct_state(job_id: str) -> str | None:
         return None
     states = out.stdout.split()
     return states[0] if states else None
+
+
+def _requeueable(job_id: str) -> bool | None:
+    """Whether SLURM may still run the job again: False once its Requeue flag is 0 (made non-requeueable when its
+    budget of requeues was spent, `--no-requeue`, a site's JobRequeue=0), which neither SLURM's own requeue (a node
+    failure, a preemption) nor `scontrol requeue` gets past; None where scontrol cannot say (the controller has
+    forgotten the job, or does not answer)."""
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"(?:^|\s)Requeue=(\d+)", out.stdout) if out.returncode == 0 else None
+    return None if found is None else found[1] != "0"

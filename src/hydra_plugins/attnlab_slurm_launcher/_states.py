@@ -15,6 +15,8 @@ POLL_MAX_S, and is POLL_S again after a change):
 - sacct's state, asked while the job is missing and accounting is on; a state not in FINAL is no answer;
 - the run's result file (submitit's pickle: ("success", Hydra's JobReturn) or ("error", a traceback)), read while
   the job is ended or missing; a file that cannot be read yet (being written) counts as not there;
+- scontrol's Requeue flag of the job, asked while it is in the requeue wait: 0 (the job made non-requeueable, its
+  budget of requeues spent) means SLURM runs it no more; None (the controller forgot the job) is no answer;
 - the run's own records (its lineage.json), which say why an attempt was requeued (the report line only).
 
 The driver's state of a job (Watched.state, what its lines say): PENDING (alive, no attempt seen running since the
@@ -34,7 +36,8 @@ Transitions, at a poll where squeue answers (the first rule that applies):
                                 seeing it pending: "requeued", said once a requeue, with the reason the run recorded
   result file readable       -> verdict COMPLETED (its JobReturn is not FAILED), else FAILED (the run raised)
   end COMPLETED              -> wait `result`; its grace past: verdict GONE
-  end in MAYBE_REQUEUED      -> wait `requeue` (said once); its grace past: verdict the end (TIMEOUT...)
+  end in MAYBE_REQUEUED      -> wait `requeue` (said once); its grace past, or the job no longer requeueable
+                                (Requeue=0): verdict the end (TIMEOUT...)
   end any other of FINAL     -> verdict the end (FAILED, CANCELLED, OUT_OF_MEMORY...)
   no end known (missing)     -> wait `gone`; its grace past: verdict GONE
 

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
-from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states, _sacct_state
+from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states, _requeueable, _sacct_state
 from hydra_plugins.attnlab_slurm_launcher._states import (FINAL, GONE_GRACE_S, MAYBE_REQUEUED, POLL_MAX_S, POLL_S,
                                                           RESULT_GRACE_S, REQUEUE_GRACE_S, result_verdict, waited)
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
@@ -249,7 +249,7 @@ def _ended(w: Watched, accounting: bool, queue_state: str | None) -> str | None:
         return "GONE" if waited(w, "result", RESULT_GRACE_S, now) else None
     if end in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
         w.started = True  # an attempt ran: back in the queue, it was requeued
-        if waited(w, "requeue", REQUEUE_GRACE_S, now):
+        if waited(w, "requeue", REQUEUE_GRACE_S, now) or _requeueable(w.id) is False:
             return end
         if w.state != f"{end} (SLURM may requeue it)":
             w.state = f"{end} (SLURM may requeue it)"
