@@ -234,6 +234,7 @@ def stage_costs(files: list[Path], repeats: int = 3) -> dict[str, tuple[float, f
     tf = train_transform(224, 3, {"scale": [0.08, 1.0], "hflip": 0.5, "auto_augment": AUTO_AUGMENT,
                                   "interpolation": "bicubic", "mean": list(MEAN), "std": list(STD)})
     crop, (flip, augment, to_tensor) = tf.crop, tf.compose.transforms[1:]
+    our_augment = tf.middle[1]  # timm's RandAugment; its geometric ops warped by OpenCV where installed
     totals: dict[str, list[float]] = {}
 
     def clock(stage: str, side: int, fn, *a):
@@ -259,7 +260,8 @@ def stage_costs(files: list[Path], repeats: int = 3) -> dict[str, tuple[float, f
             for side, im in ((0, ours), (1, theirs)):
                 state = random.getstate(), np.random.get_state(), torch.get_rng_state()
                 im = clock("flip", side, flip, im)
-                im = clock("RandAugment (timm's ops, both)", side, augment, im)
+                im = clock("RandAugment (timm's draws; geometric ops by OpenCV or Pillow)", side,
+                           our_augment if side == 0 else augment, im)
                 random.setstate(state[0]), np.random.set_state(state[1]), torch.set_rng_state(state[2])
                 clock("to a uint8 tensor", side, _to_chw if side == 0 else to_tensor, im)
     n = repeats * len(files)
@@ -284,14 +286,15 @@ def main() -> None:
     import timm
     import torch
 
-    from attnlab.data import file_transforms
+    from attnlab.data import file_transforms, warp_ops
 
     root = make_tree(args.root / str(args.images), args.images)
     files = files_of(root, args.images)
     sizes = [f.stat().st_size for f in files]
     print(f"{datetime.date.today()}; {machine()}; {len(files)} JPEGs 500x375, {np.mean(sizes) / 1024:.0f} KiB on "
           f"average; {args.workers} workers, batch {args.batch}; torch {torch.__version__}, timm {timm.__version__}, "
-          f"Pillow {PIL.__version__}, attnlab's decoder {file_transforms.decoder()}", flush=True)
+          f"Pillow {PIL.__version__}, attnlab's decoder {file_transforms.decoder()}, its geometric ops "
+          f"{'OpenCV' if warp_ops.available() else 'Pillow'}", flush=True)
     ours, our_loader = attnlab_loader(root, args)
     theirs, their_loader = timm_loader(root, args)
     rows = []

@@ -48,6 +48,8 @@ def test_the_loader_line_says_by_how_much_and_what_to_do():
         assert remedy in line, remedy
     assert "this machine has 4 CPUs" in LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg").line()
     assert "attnlab[fast]" not in LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg").line()
+    no_opencv = LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg", warps="pillow").line()
+    assert "attnlab[fast]' (OpenCV: RandAugment's rotations" in no_opencv and "simplejpeg:" not in no_opencv
     on_shards = LoaderPace(250.0, 1000.0, 2, 16, "simplejpeg", shards=True).line()
     assert "data.format=shards" not in on_shards and "reduced-size decoding" in on_shards
     in_memory = LoaderPace(250.0, 1000.0, 2, 16, "pillow", files=False).line()

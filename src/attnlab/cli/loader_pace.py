@@ -18,6 +18,7 @@ class LoaderPace:
     decoder: str = ""
     files: bool = True  # the images are decoded from files or shards (not arrays in memory)
     shards: bool = False  # already read from shards (data.format=shards)
+    warps: str = "opencv"  # what warps RandAugment's geometric ops: opencv, or pillow (data/warp_ops.py)
 
     @property
     def slower(self) -> float:
@@ -49,8 +50,12 @@ class LoaderPace:
             todo.append("reduced-size decoding: JPEGs at least twice the crop are decoded at 1/2, 1/4 or 1/8 of "
                         "their size, so images stored with a shorter side near twice data.image_size or less decode "
                         "faster")
-            if self.decoder == "pillow":
-                todo.append("pip install 'attnlab[fast]' (simplejpeg: the same pixels, a third less decoding time)")
+            missing = [what for what, gone in (
+                ("simplejpeg: the same pixels, a third less decoding time", self.decoder == "pillow"),
+                ("OpenCV: RandAugment's rotations, shears and translations in half the time", self.warps == "pillow"))
+                if gone]
+            if missing:
+                todo.append(f"pip install 'attnlab[fast]' ({'; '.join(missing)})")
             todo.append("GPU decoding (nvJPEG, DALI), which attnlab does not do yet")
         else:
             todo.append("lighter augmentation in the loader (data.augment)")
@@ -96,6 +101,7 @@ def pace(dm, model_s: float | None, batches: int) -> LoaderPace | None:
     rate = time_loader(dm, batches)
     if not rate:
         return None
+    from attnlab.data import warp_ops
     from attnlab.data.file_transforms import decoder
     from attnlab.data.images import ArrayImages
     from attnlab.utils.cpus import usable_cpus
@@ -103,4 +109,4 @@ def pace(dm, model_s: float | None, batches: int) -> LoaderPace | None:
     ds = dm.train_set
     arrays = isinstance(ds, ArrayImages) or isinstance(getattr(ds, "base", None), ArrayImages)
     return LoaderPace(rate, model_s, int(dm.num_workers), usable_cpus(), decoder(), not arrays,
-                      getattr(dm, "format", "folder") == "shards")
+                      getattr(dm, "format", "folder") == "shards", "opencv" if warp_ops.available() else "pillow")

@@ -13,7 +13,9 @@ same order from the same generators, with timm's own objects, and does less:
 - the crop is resized from a view of the decoded array by torch's antialiased bicubic (or bilinear) resize of uint8
   images, which gives Pillow's result within rounding in half its time;
 - everything after the crop (flips, RandAugment with its op table and magnitudes, color jitter) is timm's own
-  transform objects, applied to the crop as timm applies them.
+  transform objects, applied to the crop as timm applies them; where OpenCV is installed (attnlab[fast]), the
+  geometric ops of RandAugment and AutoAugment warp with OpenCV on timm's arguments, in about half Pillow's time
+  (data/warp_ops.py).
 
 `EvalFromFile` decodes JPEGs at least twice the resize size at a reduced size (DCT scaling, still at least the resize
 size), then applies timm's evaluation transform (resize, center crop): tests/test_file_transforms.py checks that the
@@ -34,6 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
+
+from attnlab.data.warp_ops import with_fast_warps
 
 try:  # optional: the same decoder as Pillow's (libjpeg-turbo), straight to an array
     import simplejpeg
@@ -144,7 +148,7 @@ class TrainFromFile(_FromFile):
     def __init__(self, compose):
         self.compose = compose
         self.crop = compose.transforms[0]
-        self.middle = list(compose.transforms[1:-1])
+        self.middle = [with_fast_warps(t) for t in compose.transforms[1:-1]]
         self.out_h, self.out_w = self.crop.size
 
     @staticmethod
