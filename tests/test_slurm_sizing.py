@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,18 @@ def _started_within(sweep: Sweep, seconds: float) -> float | None:
             return time.monotonic() - begun
         time.sleep(0.5)
     return None
+
+
+def _held_to_what_it_asked(job: str, asked_gb: int, measured_from: str, out: str) -> None:
+    """The job asked SLURM for `asked_gb` per node and, where the cluster holds jobs to it (task/cgroup,
+    ConstrainRAMSpace=yes: tools/slurm-cluster.sh), ran within it, its peak measured the way SLURM counts it."""
+    fields = slurm("sacct", "-j", job, "-n", "-P", "--units=M", "-o", "JobID,ReqMem,MaxRSS,State").stdout.split()
+    rows = [f.split("|") for f in fields]
+    assert rows[0][1] == f"{asked_gb * 1024}M" and rows[0][3] == "COMPLETED", rows
+    peaks = [float(r[2].rstrip("M")) for r in rows if r[2]]
+    assert peaks and max(peaks) <= asked_gb * 1024, (rows, out[-2000:])
+    if Path("/etc/slurm/cgroup.conf").is_file():
+        assert measured_from == "the job's cgroup on its node", out[-2000:]
 
 
 @pytest.mark.slow
@@ -54,8 +67,10 @@ def test_jobs_sized_from_their_own_estimates_start_at_once_under_backfill(slurm_
         out = sized.wait(timeout=400)
         fitted = re.search(r"time limit (\d+) min \(estimated from job (\d+) on debug", out)
         assert fitted and 1 <= int(fitted[1]) <= 10 and fitted[2] == str(measured["job"]), out[-3000:]
-        assert re.search(r"memory \d+ GB \(peak [\d.]+ GB per node measured by job", out), out[-3000:]
+        asked = re.search(r"memory (\d+) GB \(peak ([\d.]+) GB per node measured by job \d+ on debug \(([^)]*)\)", out)
+        assert asked, out[-3000:]
         assert sized.proc.returncode == 0 and sized_start is not None and sized_start < 30, (sized_start, out)
+        _held_to_what_it_asked(sized.job_id(), int(asked[1]), asked[3], out)
         whole = Sweep(tmp_path, "partition_limit", "launcher.timeout_min=1440", "seed=3")
         try:
             whole_start = _started_within(whole, 20)

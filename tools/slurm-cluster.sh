@@ -11,11 +11,13 @@
 # 127.0.0.1 on their own ports; their names resolve through a line of /etc/hosts (torch's rendezvous uses the first
 # node's name as MASTER_ADDR). As strict as a real site: each node declares the machine's own CPUs, and a task is
 # bound to the CPUs its step was given (TaskPlugin=task/affinity: a process sees only those in
-# os.sched_getaffinity). Partitions: `debug` (default, both nodes, 1 day) and `short` (10 minutes), never preempted;
-# `low` and `high` for preemption by priority (PreemptType=preempt/partition_prio): a job on `low` is requeued
-# (PreemptMode=REQUEUE) when a job on `high` needs its CPUs, after SIGCONT and SIGTERM and a grace time of 30 s
-# (GraceTime) before SIGKILL; with --user-signal (PreemptParameters=send_user_signal) it gets its --signal
-# signal (USR1) instead of SIGTERM.
+# os.sched_getaffinity); where this machine lets us make cgroup v1 memory cgroups, memory is a consumable resource
+# and each job is held to what it asked for (--mem; its CPUs' share of the node's when it asked for none) by SLURM's
+# task/cgroup (ConstrainRAMSpace=yes in cgroup.conf), its processes killed past it, as at a site that enforces
+# memory. Partitions: `debug` (default, both nodes, 1 day) and `short` (10 minutes), never preempted; `low` and `high` for preemption by priority
+# (PreemptType=preempt/partition_prio): a job on `low` is requeued (PreemptMode=REQUEUE) when a job on `high` needs
+# its CPUs, after SIGCONT and SIGTERM and a grace time of 30 s (GraceTime) before SIGKILL; with --user-signal
+# (PreemptParameters=send_user_signal) it gets its --signal signal (USR1) instead of SIGTERM.
 # With accounting (the default), slurmdbd keeps the jobs in a MariaDB database, so `sacct` shows them; without,
 # `sacct` has nothing to read, as on a small cluster without slurmdbd. A requeued job may start again after about
 # 10 s (SLURM's default is 2 minutes).
@@ -34,6 +36,8 @@ CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # the CPUs this host g
 MEM_MB=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
 CONF_DIR=/etc/slurm
 CONF=$CONF_DIR/slurm.conf
+CGROUP_CONF=$CONF_DIR/cgroup.conf
+CGROUP_MEMORY=/sys/fs/cgroup/memory
 DBD_CONF=$CONF_DIR/slurmdbd.conf
 MARK="# written by attnlab's tools/slurm-cluster.sh"
 HOSTS_LINE="127.0.0.1 ${NODES[*]}  # attnlab slurm-cluster"
@@ -162,14 +166,17 @@ own_file_or_none() {  # a configuration file that is absent or was written by th
 write_slurm_conf() {  # accounting: 1|0, user signal: 1|0
   own_file_or_none "$CONF"
   mkdir -p "$CONF_DIR"
-  local storage gather preempt_params=""
+  local storage gather preempt_params="" tasks=task/affinity select=CR_CPU memory="" sampler=linux
   [ "${2:-0}" = 1 ] && preempt_params="PreemptParameters=send_user_signal"
+  if write_cgroup_conf; then  # memory a consumable resource: a job gets what it asks for, else its CPUs' share
+    tasks=task/affinity,task/cgroup select=CR_CPU_Memory memory="DefMemPerCPU=$((MEM_MB / CPUS))" sampler=cgroup
+  fi
   if [ "$1" = 1 ]; then
     storage="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$HOST
 AccountingStoragePort=$DBD_PORT"
-    gather="JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30"
+    gather="JobAcctGatherType=jobacct_gather/$sampler
+JobAcctGatherFrequency=5"
   else
     storage="AccountingStorageType=accounting_storage/none"
     gather="JobAcctGatherType=jobacct_gather/none"
@@ -186,9 +193,10 @@ CredType=cred/munge
 AuthInfo=cred_expire=10
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
+TaskPlugin=$tasks
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=$select
+$memory
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 $preempt_params
@@ -222,6 +230,33 @@ PartitionName=high Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=1-00:00:00 S
 EOF
   mv "$CONF.new" "$CONF"
   chmod 644 "$CONF"
+}
+
+memory_cgroups() {  # this machine lets us make memory cgroups (cgroup v1's memory controller, writable)
+  local probe="$CGROUP_MEMORY/attnlab-slurm-probe.$$"
+  [ -d "$CGROUP_MEMORY" ] && mkdir "$probe" 2>/dev/null || return 1
+  rmdir "$probe"
+}
+
+write_cgroup_conf() {  # as a strict site: each job held to the memory it asked for (or its node's); 1 when not here
+  own_file_or_none "$CGROUP_CONF"
+  if ! memory_cgroups; then
+    rm -f "$CGROUP_CONF"
+    say "no writable cgroup v1 memory controller here: jobs are not held to their memory (task/affinity alone)"
+    return 1
+  fi
+  cat >"$CGROUP_CONF.new" <<EOF
+$MARK
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+CgroupAutomount=no
+ConstrainRAMSpace=yes
+ConstrainSwapSpace=no
+ConstrainCores=no
+ConstrainDevices=no
+EOF
+  chmod 644 "$CGROUP_CONF.new"
+  mv "$CGROUP_CONF.new" "$CGROUP_CONF"
 }
 
 write_dbd_conf() {
@@ -445,7 +480,9 @@ cmd_start() {
   start_slurm
   local took
   took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-  say "up in $took s: cluster $CLUSTER, nodes ${NODES[*]} idle ($CPUS CPUs each, tasks bound to theirs)," \
+  local held=""
+  [ -f "$CGROUP_CONF" ] && held=", jobs held to their memory"
+  say "up in $took s: cluster $CLUSTER, nodes ${NODES[*]} idle ($CPUS CPUs each, tasks bound to theirs$held)," \
     "partitions debug (default), short, low (preempted by high: $([ "$user_signal" = 1 ] && echo USR1 || echo \
     SIGTERM), 30 s grace);" "accounting $([ "$accounting" = 1 ] && echo on || echo off)"
 }

@@ -77,8 +77,28 @@ class PeerWatch(Callback):
         metadata = RunMetadata.of(trainer)
         run_dir = metadata.run_dir() if metadata is not None else None
         self.notes = Path(run_dir or trainer.default_root_dir) / ".ranks"
+        if stage == "fit" and in_slurm_job():
+            self.refuse_past_budget(trainer)
         if stage == "fit" and trainer.world_size > 1 and trainer.is_global_zero:
             Ledger.of(trainer).note(RUNNING)  # the attempt began: a later one counts it if it ends without a word
+
+    def refuse_past_budget(self, trainer) -> None:
+        """An attempt that SLURM itself started past the lost-peer budget (a node failure whose surviving ranks were
+        ended before they could decide, so no rank made the job non-requeueable) does not train: the job fails here,
+        once, on every rank alike (the same ledger), and is made non-requeueable."""
+        spent, (budget, named) = Ledger.of(trainer).spent(LOST), max_requeues(trainer)
+        if spent <= budget:
+            return
+        why = (f"it was requeued for a lost peer or node {spent} times already, past the budget of this job ({named}), "
+               "SLURM requeuing it itself after a node failure; check the nodes (sinfo -R), then run the same command "
+               "again")
+        if not forbid_requeue():
+            why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
+        from attnlab.callbacks.signals import SignalGuard
+
+        last = SignalGuard.saved(trainer)
+        kept = f"{last} holds the last step saved." if last and last.is_file() else "No checkpoint was saved yet."
+        self.fail(trainer, "in an earlier attempt of this job", why, kept, requeues_spent=spent)
 
     @staticmethod
     def attempt() -> str:
