@@ -238,7 +238,7 @@ def test_the_shards_bytes_give_what_the_file_gives(tmp_path):
         assert torch.equal(tf.from_bytes(data), a)
 
 
-@pytest.mark.skipif(warp_ops.cv2 is None, reason="OpenCV is not installed (attnlab[fast])")
+@pytest.mark.skipif(not warp_ops.installed(), reason="OpenCV is not installed (attnlab[fast])")
 @pytest.mark.parametrize("name", sorted(warp_ops.GEOMETRIC - {"TranslateX", "TranslateY"}))
 def test_the_geometric_ops_warp_with_opencv_as_pillow_does(name):
     """Each geometric op of RandAugment (timm's AugmentOp, magnitude 9), once by timm on Pillow and once through
@@ -274,3 +274,16 @@ def test_without_opencv_the_ops_are_timms_own(monkeypatch):
     monkeypatch.setattr(warp_ops, "USE_OPENCV", False)
     tf = train_transform(224, 3, SWIN)
     assert tf.middle[1] is tf.compose.transforms[2]
+
+
+@pytest.mark.skipif(not warp_ops.installed(), reason="OpenCV is not installed (attnlab[fast])")
+def test_opencv_leaves_the_environment_as_it_was():
+    """cv2's import prepends its folder to LD_LIBRARY_PATH, which the processes started afterwards would inherit."""
+    import subprocess
+    import sys
+
+    check = ("import os; from attnlab.data import warp_ops; before = dict(os.environ); "
+             "assert warp_ops.opencv().getNumThreads() == 1; assert dict(os.environ) == before, "
+             "set(os.environ.items()) ^ set(before.items())")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

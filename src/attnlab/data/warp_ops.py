@@ -14,23 +14,43 @@ colour where Pillow cuts (tests/test_file_transforms.py bounds both).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
+import os
 
 import numpy as np
 from PIL import Image
 
-try:  # optional (attnlab[fast]): without it the ops are timm's, on Pillow
-    import cv2
-except ImportError:  # pragma: no cover - depends on the machine
-    cv2 = None
-
 GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 USE_OPENCV = True  # tests and the benchmark switch it off to measure Pillow alone
-_threads_set = False
+_cv2 = None
+
+
+def installed() -> bool:
+    """OpenCV is installed (optional: attnlab[fast]); without it the ops are timm's, on Pillow."""
+    return importlib.util.find_spec("cv2") is not None
 
 
 def available() -> bool:
-    return cv2 is not None and USE_OPENCV
+    return USE_OPENCV and installed()
+
+
+def opencv():
+    """cv2, imported on first use (in a loader's worker), on one thread (the workers hold the cores), and leaving
+    the environment as it was: its import prepends its own folder to LD_LIBRARY_PATH, which every process started
+    afterwards would inherit."""
+    global _cv2
+    if _cv2 is None:
+        before = os.environ.get("LD_LIBRARY_PATH")
+        import cv2
+
+        if before is None:
+            os.environ.pop("LD_LIBRARY_PATH", None)
+        else:
+            os.environ["LD_LIBRARY_PATH"] = before
+        cv2.setNumThreads(1)
+        _cv2 = cv2
+    return _cv2
 
 
 def with_fast_warps(transform):
@@ -72,10 +92,7 @@ class _Warped:
     def transform(self, size, method, data, resample=Image.NEAREST, fillcolor=None, **kwargs):
         if method != Image.AFFINE or resample not in self._INTERP or self.img.mode not in ("RGB", "L") or kwargs:
             return self.img.transform(size, method, data, resample=resample, fillcolor=fillcolor, **kwargs)
-        global _threads_set
-        if not _threads_set:  # one thread: a loader's workers hold the cores
-            cv2.setNumThreads(1)
-            _threads_set = True
+        cv2 = opencv()
         a, b, c, d, e, f = data
         # Pillow samples the source at matrix x (x + 0.5, y + 0.5), a pixel's centre at +0.5; OpenCV at matrix x (x, y)
         matrix = np.array([[a, b, c + (a + b - 1) / 2], [d, e, f + (d + e - 1) / 2]], dtype=np.float64)
