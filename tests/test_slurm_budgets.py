@@ -421,7 +421,8 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
     time.sleep(15)  # not requeued by SLURM either (Requeue=0): it stays ended, after its last attempt
     runs = subprocess.run(["sacct", "-j", job, "-D", "-X", "-n", "-P", "-o", "State"], capture_output=True,
                           text=True).stdout.split()
-    assert runs[:-1] == ["REQUEUED"] * (len(attempts) - 1) and len(runs) == len(attempts) and \
-        runs[-1] in ("COMPLETED", "FAILED", "NODE_FAIL"), runs
+    # an attempt ended unrecorded was requeued by SLURM itself on the node failure: sacct says NODE_FAIL for it
+    assert all(state == "REQUEUED" or state == "NODE_FAIL" and quiet for state, quiet in zip(runs[:-1], silent)), runs
+    assert len(runs) == len(attempts) and runs[-1] in ("COMPLETED", "FAILED", "NODE_FAIL"), runs
     assert squeue_state(job) is None, squeue_state(job)
     print(*(ln.strip() for ln in out.splitlines() if f"job {job}" in ln or ln.startswith("attnlab:")), *said, sep="\n")
