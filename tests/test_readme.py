@@ -1,8 +1,9 @@
 """Every command in the bash blocks of README.md and docs/*.md, run as written with a few steps appended, so that a
 documented command cannot silently break. Each block runs in order in a fresh folder (a later command uses the runs
 of earlier ones: `ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py).
-Commands marked [SLURM] or [multi-node] (and nothing else) run on a real two-node SLURM cluster on this machine
-(tools/slurm-cluster.sh). Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
+Commands marked [SLURM] or [multi-node] (and nothing else) run for real: sbatch, srun and launcher=slurm on a real
+two-node SLURM cluster on this machine (tools/slurm-cluster.sh), apart from the block's other commands, and torchrun's
+agents side by side. Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
 their configs are composed instead. `python train.py|eval.py|predict.py` runs in-process through the entry points'
 own functions (start-up would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`,
 benchmarks) runs in one. README.md is the front door: at most 300 lines; every relative link of these pages leads to
@@ -88,8 +89,19 @@ class Command:
 
     @property
     def on_cluster(self) -> bool:
-        """Marked [SLURM] or [multi-node] only: run on the SLURM cluster of tools/slurm-cluster.sh (two CPU nodes)."""
+        """Marked [SLURM] or [multi-node] only: run for real, on the SLURM cluster of tools/slurm-cluster.sh (two CPU
+        nodes), or as torchrun's agents side by side on this machine."""
         return bool(self.marked) and set(self.marked) <= CLUSTER_MARKS
+
+    @property
+    def needs_slurm(self) -> bool:
+        """Run on the SLURM cluster: sbatch, srun or launcher=slurm."""
+        return self.on_cluster and (self.argv[0] in ("sbatch", "srun") or "launcher=slurm" in self.argv)
+
+    @property
+    def reads_a_run(self) -> bool:
+        """Whether it uses the runs of the block's earlier commands (Runner.materialize's placeholders, compare)."""
+        return bool(re.search(r"<[^>]+>|=\.\.\./|=last\b", self.text)) or "attnlab.compare" in self.text
 
 
 @dataclass
@@ -126,8 +138,16 @@ def readme_blocks() -> list[Block]:
     return [b for path in PAGES for b in page_blocks(path)]
 
 
+def on_slurm(block: Block) -> tuple[list[Command], list[Command]]:
+    """A block's commands split in two: those run on the SLURM cluster's one test worker (what needs SLURM, and
+    what after it reads an earlier run), and the rest, run beside the other tests."""
+    first = next((i for i, c in enumerate(block.commands) if c.needs_slurm), len(block.commands))
+    slurm = [c for i, c in enumerate(block.commands) if c.needs_slurm or (i > first and c.reads_a_run)]
+    return slurm, [c for c in block.commands if c not in slurm]
+
+
 BLOCKS = readme_blocks()
-CLUSTER_BLOCKS = [b for b in BLOCKS if any(c.on_cluster for c in b.commands)]
+CLUSTER_BLOCKS = [b for b in BLOCKS if on_slurm(b)[0]]
 
 
 def test_the_readme_shows_its_commands_in_bash_blocks():
@@ -417,16 +437,21 @@ def free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", CLUSTER_BLOCKS, ids=lambda b: b.where)
 def test_readme_cluster_block_runs(block, slurm_cluster, tmp_path, small_data, monkeypatch):
-    """The blocks with [SLURM] and [multi-node] commands, on the real two-node SLURM cluster."""
+    """The commands of a block that need SLURM (sbatch, srun, launcher=slurm), on the real two-node SLURM cluster;
+    the block's other commands run in test_readme_block_runs."""
     slurm_cluster(accounting=True)
-    test_readme_block_runs(block, tmp_path, small_data, monkeypatch)
+    run_commands(on_slurm(block)[0], tmp_path, small_data, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b not in CLUSTER_BLOCKS], ids=lambda b: b.where)
+@pytest.mark.parametrize("block", [b for b in BLOCKS if on_slurm(b)[1]], ids=lambda b: b.where)
 def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
+    run_commands(on_slurm(block)[1], tmp_path, small_data, monkeypatch)
+
+
+def run_commands(commands: list[Command], tmp_path: Path, small_data: Path, monkeypatch) -> None:
     runner = Runner(tmp_path, small_data, monkeypatch)
-    for cmd in block.commands:
+    for cmd in commands:
         start = time.perf_counter()
         try:
             runner.run(cmd)

@@ -378,3 +378,13 @@ def test_a_job_slurm_will_not_requeue_gets_its_verdict_without_the_requeue_wait(
     assert w.state == end and verdict_at - life.final_end <= sl.POLL_MAX_S, verdict_at - life.final_end
     w, verdict_at, _ = follow(Life(life.segments))
     assert w.state == end and verdict_at - life.final_end >= sl.REQUEUE_GRACE_S, verdict_at - life.final_end
+
+
+def test_a_run_s_end_is_said_within_seconds_of_its_result_file():
+    """A long attempt (the polls POLL_MAX_S apart by its end) writes its result as it ends: the driver, looking for
+    the file between polls, says COMPLETED within seconds of it, not up to POLL_MAX_S later."""
+    life = Life((("PENDING", 5), ("RUNNING", 600), ("COMPLETING", 2), ("COMPLETED", 300)), result="completed",
+                result_at=-2)
+    w, verdict_at, said = follow(life)
+    assert w.state == "COMPLETED" and verdict_at - life.result_time <= 2 * sl.RESULT_LOOK_S + sl.POLL_S, \
+        (verdict_at - life.result_time, [r.getMessage() for r in said])

@@ -115,12 +115,13 @@ def test_a_state_that_stays_is_final_after_its_grace(monkeypatch, tmp_path):
 
 def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thread(monkeypatch, tmp_path):
     answers = [{"51": ("RUNNING", "n1"), "52": ("RUNNING", "n2")}] * 12
-    jobs = watched(tmp_path, "51", "52")
+    jobs, at = watched(tmp_path, "51", "52"), []
     script(monkeypatch, answers + [{"51": ("COMPLETED", "n1"), "52": ("COMPLETED", "n2")}],
-           on_poll=lambda n: n == 13 and (finish(jobs[0].job), finish(jobs[1].job)))
+           on_poll=lambda n: at.append(sl.time.now) or n == 13 and (finish(jobs[0].job), finish(jobs[1].job)))
     sl.watch(jobs, poll_s=2.0, poll_max_s=30.0)
-    slept = sl.time.slept
-    assert slept[:3] == [2.0, 3.0, 4.5] and slept == sorted(slept) and max(slept) == 30.0, slept
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert gaps[:3] == [2.0, 3.0, 4.5] and gaps == sorted(gaps) and max(gaps) == 30.0, gaps
+    assert max(sl.time.slept) == sl.RESULT_LOOK_S  # looking for the result files between polls
 
     # two watching threads (an Optuna sweep's parallel trials), one squeue for both jobs a poll
     queue = sl._Queue()

@@ -3,7 +3,8 @@ slurm_launcher.py do at each poll, and the times that bound it. (A module whose 
 Hydra's plugin scan does not import it on its own.)
 
 Inputs, one set a poll (every POLL_S at first; the interval grows by half at each poll that changes nothing, up to
-POLL_MAX_S, and is POLL_S again after a change):
+POLL_MAX_S, and is POLL_S again after a change; a job's result file showing between two polls, looked for every
+RESULT_LOOK_S, brings the next poll forward to then):
 
 - squeue's state of the job, one of three kinds:
   alive   in the queue and not ended: PENDING, CONFIGURING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD (and any other
@@ -77,6 +78,8 @@ POLL_MAX_S = 30.0
 GONE_GRACE_S = 30.0  # a job missing from the queue, its end not known, is GONE after this long
 RESULT_GRACE_S = 120.0  # a COMPLETED job's result file may show late on a shared filesystem
 REQUEUE_GRACE_S = 180.0  # a job ended in one of MAYBE_REQUEUED may be requeued by SLURM within this long
+RESULT_LOOK_S = 1.0  # between polls, how often the driver looks for the result files of the jobs not ended
+RESULT_LOOKS_PER_S = 200  # at most this many result files looked for a second: a larger sweep looks less often
 MAYBE_REQUEUED = {"TIMEOUT", "NODE_FAIL", "PREEMPTED"}
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE", "GONE"}

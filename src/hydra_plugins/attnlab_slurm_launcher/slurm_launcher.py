@@ -19,7 +19,8 @@ ended once the controller forgot it):
   SLURM may requeue the job. The driver's view of a job is one state machine, its waits and the time within which a
   verdict comes written down in `_states.py`;
 - one `squeue` a poll for every job the driver follows (an Optuna sweep's parallel trials included), polling every
-  2 s at first and backing off to 30 s while nothing changes;
+  2 s at first and backing off to 30 s while nothing changes; between polls it looks for the jobs' result files
+  (a stat each, every second), and polls at once when one shows, so that a run's end is said within seconds;
 - Ctrl-C or SIGTERM of the driver cancels the jobs it submitted (each saves its `last.ckpt` first), so that the
   same command run again continues (an Optuna study reruns the stopped trials with their parameters).
 """
@@ -39,7 +40,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states, _requeueable, _sacct_state
 from hydra_plugins.attnlab_slurm_launcher._states import (FINAL, GONE_GRACE_S, MAYBE_REQUEUED, POLL_MAX_S, POLL_S,
-                                                          RESULT_GRACE_S, REQUEUE_GRACE_S, result_verdict, waited)
+                                                          RESULT_GRACE_S, RESULT_LOOK_S, RESULT_LOOKS_PER_S,
+                                                          REQUEUE_GRACE_S, result_verdict, waited)
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
 
 log = logging.getLogger("attnlab")
@@ -69,6 +71,7 @@ class Watched:
         self.waiting: str | None = None
         self.since = 0.0
         self.outcome: tuple[str, Any] | None = None  # ("success", JobReturn) or ("error", traceback text)
+        self.woke = False  # its result file showed between two polls and brought the next one forward
 
     @property
     def id(self) -> str:
@@ -174,7 +177,7 @@ class SlurmLauncher(HydraSlurmLauncher):
 
 def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = POLL_MAX_S) -> None:
     """Follow the jobs until each has ended (or is gone), one line per change of state."""
-    accounting, interval, unreachable = _accounting_on(), poll_s, False
+    accounting, interval, unreachable, woke = _accounting_on(), poll_s, False, False
     ids = [w.id for w in watched]
     for w in watched:  # as sbatch leaves it: in the queue, whether or not it starts before the first poll
         if w.state == "SUBMITTED":
@@ -183,7 +186,7 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
     QUEUE.follow(ids)
     try:
         while any(w.state not in FINAL for w in watched):
-            queue = QUEUE.states(interval)
+            queue = QUEUE.states(0.0 if woke else interval)
             changed = False
             if queue is None:  # the controller did not answer: nothing is known, so nothing is taken as gone
                 if not unreachable:
@@ -198,10 +201,26 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
                 unreachable = False
                 changed = any([_follow(w, queue, accounting) for w in watched if w.state not in FINAL])
             if any(w.state not in FINAL for w in watched):
-                interval = poll_s if changed else min(poll_max_s, interval * 1.5)
-                time.sleep(interval)
+                interval = poll_s if changed or woke else min(poll_max_s, interval * 1.5)
+                woke = _nap(watched, interval)
     finally:
         QUEUE.forget(ids)
+
+
+def _nap(watched: list[Watched], seconds: float) -> bool:
+    """Sleep until the next poll, or less: until the result file of a job not ended yet shows (its run is over;
+    its verdict comes at the next poll instead of up to POLL_MAX_S later). Each job's file wakes the driver once.
+    -> whether one woke it."""
+    looked = [w for w in watched if w.state not in FINAL and not w.woke]
+    step = max(RESULT_LOOK_S, len(looked) / RESULT_LOOKS_PER_S)  # a large sweep looks less often
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(step, left))
+        for w in looked:
+            if w.result_file().exists():
+                w.woke = True
+                return True
+    return False
 
 
 def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> bool:
