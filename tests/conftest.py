@@ -129,14 +129,16 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`--dist loadgroup`), the tests of a file that share one of its module-scoped fixtures (a
     trained run, a built corpus) run on one worker, so that the fixture is built once, and so do all the tests on
-    the SLURM cluster (one at a time on the machine's one cluster); and the slow tests are handed out first, so that
-    the workers end together instead of one waiting for a long test handed out last."""
+    the SLURM cluster (one at a time on the machine's one cluster), those without accounting last (the cluster
+    restarts in another mode once, not at each); and the slow tests are handed out first, so that the workers end
+    together instead of one waiting for a long test handed out last."""
     for item in items:
         fixturedefs = item._fixtureinfo.name2fixturedefs.values()
         if "slurm_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
         elif any(d.scope == "module" for defs in fixturedefs for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("slurm_without_accounting") is not None)  # stable
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each kind
 

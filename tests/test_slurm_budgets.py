@@ -418,7 +418,7 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
     requeued = [ln for ln in out.splitlines() if f"job {job} (#0): requeued" in ln]
     assert len(requeued) == len(attempts) - 1 and "1 of 1 SLURM jobs of this sweep did not complete" in out, \
         out[-3000:]
-    time.sleep(15)  # not requeued by SLURM either (Requeue=0): it stays ended, after its last attempt
+    time.sleep(5)  # not requeued by SLURM either (Requeue=0): it stays ended, after its last attempt
     runs = subprocess.run(["sacct", "-j", job, "-D", "-X", "-n", "-P", "-o", "State"], capture_output=True,
                           text=True).stdout.split()
     # an attempt ended unrecorded was requeued by SLURM itself on the node failure: sacct says NODE_FAIL for it

@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
+
 from slurm_cluster import slurm
 
 TASKS = "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME'"
@@ -39,6 +41,7 @@ def test_a_requeued_job_starts_again_within_seconds(slurm_cluster, tmp_path):
     assert cluster.wait(job) == "CANCELLED"
 
 
+@pytest.mark.slurm_without_accounting
 def test_without_accounting_squeue_knows_the_job_and_sacct_has_nothing(slurm_cluster, tmp_path):
     cluster = slurm_cluster(accounting=False)
     job = cluster.sbatch("-N", "2", "--wrap", "sleep 2", cwd=tmp_path)

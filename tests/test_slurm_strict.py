@@ -37,11 +37,42 @@ def tmp(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def alone(tmp) -> dict:
-    proc = reference_run(tmp)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
-    return json.loads((tmp / "alone" / "metrics.json").read_text())
+def references(tmp, slurm_cluster):
+    """The runs left alone that the tests compare with (the run of test_slurm_preemption.py; the two-node run as one
+    process), started in the background as the module's first test starts: they train while it waits on the
+    cluster. Not where the cluster cannot run (the tests skip)."""
+    slurm_cluster(accounting=True)
+    with open(tmp / "single.out", "w") as log:
+        single = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *TWO_NODES[4:8], "trainer=cpu",
+                                   "data.batch_size=32", "global_batch_size=32", "data.num_workers=0",
+                                   "callbacks.progress_bar=null", f"hydra.run.dir={tmp / 'single'}"], cwd=ROOT,
+                                  env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                                  text=True)
+    procs = {"alone": reference_run(tmp), "single": single}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _references_started(request):
+    """The reference runs start with the module's first test that runs on the cluster."""
+    if "slurm_cluster" in request.fixturenames:
+        request.getfixturevalue("references")
+
+
+def _finished(references: dict, name: str, folder: Path) -> dict:
+    out, _ = references[name].communicate(timeout=600)
+    out = out if out is not None else (folder.parent / f"{folder.name}.out").read_text()
+    assert references[name].returncode == 0, out[-3000:]
+    return json.loads((folder / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def alone(tmp, references) -> dict:
+    return _finished(references, "alone", tmp / "alone")
 
 
 @pytest.mark.slow
@@ -122,14 +153,9 @@ TWO_NODES = ("trainer=multinode", "trainer.num_nodes=2", "trainer.accelerator=cp
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp) -> dict:
+def one_process(tmp, references) -> dict:
     """The two-node run's numbers from one process with the same global batch, left alone."""
-    single = subprocess.run([sys.executable, str(ROOT / "train.py"), *TWO_NODES[4:8], "trainer=cpu",
-                             "data.batch_size=32", "global_batch_size=32", "data.num_workers=0",
-                             "callbacks.progress_bar=null", f"hydra.run.dir={tmp / 'single'}"], cwd=ROOT,
-                            env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stdout[-3000:]
-    return json.loads((tmp / "single" / "metrics.json").read_text())
+    return _finished(references, "single", tmp / "single")
 
 
 @pytest.mark.slow
@@ -251,7 +277,7 @@ def test_the_overhead_benchmark_of_launcher_slurm_runs(slurm_cluster):
     assert "median to the first training step: sbatch + srun" in out.stdout, out.stdout
 
 
-def until_decided(record: Path, job: str, survivor: str, least_s: float = 15, most_s: float = 120) -> None:
+def until_decided(record: Path, job: str, survivor: str, least_s: float = 3, most_s: float = 120) -> None:
     """A lost node stays away at least `least_s`, then until the rank left on `survivor` has decided (it waits 10 s
     for a failed peer's note, longer on a loaded machine): the attempt's ledger record says how it ended, or that
     rank's process has ended without a word (at most `most_s`). Back earlier, n1, which runs the batch script, would

@@ -49,7 +49,8 @@ def _finish(proc: subprocess.Popen, out: Path, timeout: float = 300) -> tuple[in
         raise AssertionError(f"the sweep driver did not return within {timeout} s:\n{out.read_text()[-3000:]}")
 
 
-@pytest.mark.parametrize("accounting", [True, False], ids=["accounting", "no accounting"])
+@pytest.mark.parametrize("accounting", [True, pytest.param(False, marks=pytest.mark.slurm_without_accounting)],
+                         ids=["accounting", "no accounting"])
 def test_a_cancelled_job_is_one_line_and_the_others_are_gathered(accounting, slurm_cluster, tmp_path, log_env):
     """Three jobs as one array: two finish, the third is cancelled while it runs. Three folders, two results rows,
     one line naming the cancelled job with its log, no warning repeated at every poll, exit status 1 — and the
