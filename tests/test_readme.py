@@ -3,7 +3,7 @@ documented command cannot silently break. Each block runs in order in a fresh fo
 of earlier ones: `ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py).
 Commands marked [SLURM] or [multi-node] (and nothing else) run for real: sbatch, srun and launcher=slurm on a real
 two-node SLURM cluster on this machine (tools/slurm-cluster.sh), apart from the block's other commands, and torchrun's
-agents side by side. Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
+agents side by side; those tests/test_multinode_launch.py runs as the page shows them (ELSEWHERE) compose here. Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
 their configs are composed instead. `python train.py|eval.py|predict.py` runs in-process through the entry points'
 own functions (start-up would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`,
 benchmarks) runs in one. README.md is the front door: at most 300 lines; every relative link of these pages leads to
@@ -38,6 +38,9 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose bash 
 README_MAX_LINES = 300
 MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account", "network")
 CLUSTER_MARKS = {"SLURM", "multi-node"}  # what the tests' real SLURM cluster gives (GPUs it does not)
+# docs/clusters.md's commands that tests/test_multinode_launch.py runs for real as the page shows them (its
+# docs_command): here their config composes, as for the [GPU] ones
+ELSEWHERE = ("sbatch -N 2 --ntasks-per-node=1 ", "torchrun --nnodes 2 --node-rank ")
 MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
 ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict", "export.py": "export",
          "attnlab.train": "train", "attnlab.eval": "eval", "attnlab.predict": "predict"}
@@ -94,9 +97,15 @@ class Command:
         return bool(self.marked) and set(self.marked) <= CLUSTER_MARKS
 
     @property
+    def elsewhere(self) -> bool:
+        """Run for real by tests/test_multinode_launch.py, as the page shows it."""
+        return self.page == "docs/clusters.md" and self.text.startswith(ELSEWHERE)
+
+    @property
     def needs_slurm(self) -> bool:
         """Run on the SLURM cluster: sbatch, srun or launcher=slurm."""
-        return self.on_cluster and (self.argv[0] in ("sbatch", "srun") or "launcher=slurm" in self.argv)
+        return self.on_cluster and not self.elsewhere and (self.argv[0] in ("sbatch", "srun")
+                                                            or "launcher=slurm" in self.argv)
 
     @property
     def reads_a_run(self) -> bool:
@@ -157,6 +166,13 @@ def test_the_readme_shows_its_commands_in_bash_blocks():
     assert programs >= {"make", "train.py", "eval.py", "predict.py", "-m", "wandb", "cd"}, programs
     pages = sorted({b.page for b in BLOCKS})
     assert "README.md" in pages and any(p.startswith("docs/") for p in pages), pages
+
+
+def test_the_commands_run_elsewhere_are_run_there_as_the_page_shows_them():
+    shown = [c for b in BLOCKS for c in b.commands if c.elsewhere]
+    assert {p for p in ELSEWHERE if any(c.text.startswith(p) for c in shown)} == set(ELSEWHERE), shown
+    runs = (ROOT / "tests" / "test_multinode_launch.py").read_text()
+    assert all(f'docs_command("{p}' in runs or f'docs_command(f"{p}' in runs for p in ELSEWHERE), ELSEWHERE
 
 
 def test_the_readme_is_a_front_door():
@@ -263,7 +279,7 @@ class Runner:
             if argv[1] == "sweep":  # its Hydra side is checked in test_sweeps.py
                 assert (ROOT / argv[2]).is_file()
             return
-        if cmd.on_cluster:
+        if cmd.on_cluster and not cmd.elsewhere:
             return self.on_cluster(cmd, argv, env_prefix)
         if argv[0] in ("sbatch", "torchrun") and cmd.marked:  # run for real in test_multinode_launch.py; here: the
             script = next(i for i, a in enumerate(argv) if (ROOT / a).is_file())  # script there, its config composes

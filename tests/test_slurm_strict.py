@@ -100,7 +100,7 @@ def _preempt_when_training(job) -> str:
     _wait_training(job)
     time.sleep(2)
     return slurm("sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive", "-J", "attnlab-high",
-                 "-o", "/dev/null", "--wrap", "sleep 20").stdout.strip()
+                 "-o", "/dev/null", "--wrap", "sleep 5").stdout.strip()
 
 
 def _attempt_training(job, attempt: int, timeout: float = 180) -> None:
@@ -130,7 +130,7 @@ def test_a_job_preempted_by_priority_twice_is_requeued_twice_and_ends_as_the_run
     _attempt_training(sweep, 2)
     time.sleep(2)
     high.append(slurm("sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive", "-J", "attnlab-high",
-                      "-o", "/dev/null", "--wrap", "sleep 20").stdout.strip())
+                      "-o", "/dev/null", "--wrap", "sleep 5").stdout.strip())
     out = sweep.wait(timeout=600)
     log = sweep.log()
     assert sweep.proc.returncode == 0, out[-3000:] + log[-3000:]

@@ -84,10 +84,16 @@ class PeerWatch(Callback):
 
     def refuse_past_budget(self, trainer) -> None:
         """An attempt that SLURM itself started past the lost-peer budget (a node failure whose surviving ranks were
-        ended before they could decide, so no rank made the job non-requeueable) does not train: the job fails here,
-        once, on every rank alike (the same ledger), and is made non-requeueable."""
+        ended before they could decide, so no rank made the job non-requeueable) does not train: the job fails here
+        on every rank alike (the same ledger), is made non-requeueable, and rank 0 says why, once."""
         spent, (budget, named) = Ledger.of(trainer).spent(LOST), max_requeues(trainer)
         if spent <= budget:
+            return
+        if trainer.global_rank != 0:  # every rank of this attempt is up: rank 0 records and says it
+            from attnlab.callbacks.signals import end_at_once
+
+            forbid_requeue()
+            end_at_once(1)
             return
         why = (f"it was requeued for a lost peer or node {spent} times already, past the budget of this job ({named}), "
                "SLURM requeuing it itself after a node failure; check the nodes (sinfo -R), then run the same command "
