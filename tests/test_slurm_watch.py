@@ -35,6 +35,7 @@ def script(monkeypatch, answers: list, sacct: dict | None = None, on_poll=None):
     monkeypatch.setattr(sl, "_queue_states", queue_states)
     monkeypatch.setattr(sl, "_accounting_on", lambda: sacct is not None)
     monkeypatch.setattr(sl, "_sacct_state", lambda job_id: (sacct or {}).get(job_id))
+    monkeypatch.setattr(sl, "_requeueable", lambda job_id: None)  # scontrol says nothing of the Requeue flag
     monkeypatch.setattr(sl, "QUEUE", sl._Queue())
     monkeypatch.setattr(sl, "time", FakeClock())
     return polls
@@ -161,3 +162,31 @@ def test_a_job_requeued_between_two_polls_is_said_requeued_once_with_the_cause_i
     assert said == ["job 31 (#0: seed=0): requeued (a peer was lost: Connection reset by peer); it continues from step 15 "
                     "(last.ckpt) when it runs again"], caplog.text
     assert job.state == "COMPLETED"
+
+
+def test_an_attempt_that_ended_without_a_word_is_not_given_the_cause_of_the_one_before(monkeypatch, tmp_path,
+                                                                                      caplog):
+    """Attempt 0 requeued for a lost peer; attempt 1 lost its batch node and ended unrecorded (its record still says
+    running), SLURM requeuing the job itself: the second requeue is said without a cause, not with attempt 0's."""
+    run_dir = tmp_path / "0"
+    run_dir.mkdir()
+    first = {"status": "requeued: a peer was lost", "error": "Connection reset by peer", "global_step": 15,
+             "slurm": {"restart_count": 0}}
+    (run_dir / "lineage.json").write_text(json.dumps(first))
+    (job,) = [sl.Watched(FakeJob("32", tmp_path), 0, ["seed=0"], set(), run_dir)]
+
+    def on_poll(n):
+        if n == 3:  # attempt 1 trains
+            (run_dir / "lineage.json").write_text(json.dumps(
+                {"status": "running", "slurm": {"restart_count": 1}, "earlier": [first]}))
+        if n == 6:
+            finish(job.job)
+
+    script(monkeypatch, [{"32": ("RUNNING", "n[1-2]")}, {"32": ("PENDING", "")}, {"32": ("RUNNING", "n[1-2]")},
+                         {"32": ("PENDING", "")}, {"32": ("RUNNING", "n[1-2]")}, {"32": ("COMPLETED", "")}],
+           on_poll=on_poll)
+    with caplog.at_level("INFO", logger="attnlab"):
+        sl.watch([job], poll_s=0.0)
+    said = [r.getMessage() for r in caplog.records if ": requeued" in r.getMessage()]
+    assert said == ["job 32 (#0: seed=0): requeued (a peer was lost: Connection reset by peer); it continues from step 15 "
+                    "(last.ckpt) when it runs again", "job 32 (#0: seed=0): requeued"], caplog.text

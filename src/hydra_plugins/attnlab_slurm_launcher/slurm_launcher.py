@@ -65,6 +65,7 @@ class Watched:
         self.state, self.nodes = "SUBMITTED", ""
         self.started = False  # an attempt was seen running (or ending) since the job last went back to the queue
         self.requeued = False  # "requeued" said, and no attempt seen running since
+        self.requeues = 0  # how many times "requeued" was said
         # the state machine of _states.py: the end the controller last gave for this attempt, the one wait it is in
         # ("requeue", "result", "gone"; None: none) and since when
         self.ended_as: str | None = None
@@ -286,6 +287,7 @@ def _report(w: Watched) -> None:
         log.info(f"{line}; log {w.log_file()}")
     elif w.state == "REQUEUED":
         log.warning(line + _requeued_because(w))
+        w.requeues += 1
     elif w.state in FINAL:
         log.error(f"{line}; log {w.log_file()}{_tail(w)}")
     else:
@@ -301,7 +303,13 @@ def _requeued_because(w: Watched) -> str:
         record = json.loads((w.run_dir / "lineage.json").read_text())
     except (OSError, ValueError, TypeError):
         return ""
-    if not str(record.get("status", "")).startswith("requeued") and record.get("earlier"):
+    # the attempt that ended: the one SLURM numbered by the requeues said before this one (an attempt that ended
+    # without a word, its node lost, is not taken for the one before it); else the last that ended
+    attempts = [*record.get("earlier", []), record]
+    ended = [a for a in attempts if (a.get("slurm") or {}).get("restart_count") == w.requeues]
+    if ended:
+        record = ended[-1]
+    elif not str(record.get("status", "")).startswith("requeued") and record.get("earlier"):
         record = record["earlier"][-1]  # the next attempt has begun already
     status = str(record.get("status", ""))
     if not status.startswith("requeued"):
