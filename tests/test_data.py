@@ -277,3 +277,22 @@ def test_randaugment_policies_of_the_configs_run_on_many_images():
         t = create_transform(32, is_training=True, auto_augment=policy)
         for _ in range(2000):
             t(img)
+
+
+def test_the_digits_are_scikit_learns_own_read_without_importing_it():
+    """The file read as scikit-learn's load_digits reads it: the same images and classes, and no scikit-learn module
+    imported by a run on the digits (a new process: half a second of every start)."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from attnlab.data.digits import load_digits
+
+    images, targets = load_digits()
+    theirs = sklearn_digits()
+    assert images.shape == (1797, 8, 8) and (images == theirs.images).all() and (targets == theirs.target).all()
+    code = ("import sys; from attnlab.data.digits import DigitsDataModule as D; d = D(); d.setup('fit'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
