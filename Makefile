@@ -27,13 +27,16 @@ train: install
 lint: install
 	$(PY) -m ruff check .
 
-# test workers (pytest-xdist): each gets cores / workers torch threads; WORKERS=0 runs the tests in this process
-WORKERS ?= 2
+# test workers (pytest-xdist): each gets cores / workers torch threads (at least one); WORKERS=0 runs the tests in
+# this process. Three on two cores: the SLURM cluster's tests run one after the other on one worker, which mostly
+# waits on the cluster's jobs, while the other two use the cores
+WORKERS ?= 3
 XDIST := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-# everything (what CI runs), then the 15 slowest tests
+# everything (what CI runs), then the 15 slowest tests; below the SLURM cluster's jobs in CPU priority
+# (tools/slurm-cluster.sh starts its daemons at the normal one), so that a job gets its CPUs first, as on its nodes
 test: install
-	$(PY) -m pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
+	nice -n 5 $(PY) -m pytest -q $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 # the inner loop: every module on tiny configs, without the learning, benchmark and large-corpus tests (`slow`)
 test-fast: install

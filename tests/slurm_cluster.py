@@ -48,6 +48,12 @@ def slurm(*argv: str, check: bool = True, timeout: float = 60, **kwargs) -> subp
     return out
 
 
+def start_daemon(*argv: str) -> None:
+    """A daemon of the cluster started again (slurmd -N <node>, slurmctld), at the priority tools/slurm-cluster.sh
+    starts them at, the machine's normal one, whatever the test process's own (`make test` runs it lower)."""
+    subprocess.run(["nice", "-n", str(-os.nice(0)), *argv], check=True)
+
+
 @dataclass
 class SlurmCluster:
     """The cluster as the tests see it: two nodes, the default partition, and whether `sacct` has the jobs."""

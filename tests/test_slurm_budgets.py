@@ -25,6 +25,7 @@ from attnlab.callbacks import peers, signals
 from attnlab.callbacks.peers import LOST, REQUEUED_LOST, RUNNING, TIME_LIMIT, Ledger, PeerWatch
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.callbacks.signals import SignalGuard
+from slurm_cluster import start_daemon
 
 SCONTROL = """#!/bin/sh
 echo "$*" >> "$FAKE_SCONTROL_LOG"
@@ -391,7 +392,7 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
             try:
                 until_decided(sweep.run_dir / ".requeues" / f"{job}.{restart}.json", job, "n2" if node == "n1" else "n1")
             finally:
-                subprocess.run(["slurmd", "-N", node], check=True)
+                start_daemon("slurmd", "-N", node)
         out = sweep.wait(timeout=900)
     finally:
         sweep.stop()

@@ -18,7 +18,7 @@ import pytest
 
 from attnlab.lineage import UNRECORDED
 from conftest import ROOT
-from slurm_cluster import slurm
+from slurm_cluster import slurm, start_daemon
 from test_slurm_preemption import PACE, STEPS, Batch, Sweep, assert_same_metrics, paced, reference_run
 
 
@@ -240,7 +240,7 @@ def test_a_sweep_rides_out_a_controller_outage_with_every_row(slurm_cluster, tmp
     try:
         time.sleep(50)
     finally:
-        subprocess.run(["slurmctld"], check=True)
+        start_daemon("slurmctld")
     out = sweep.wait(timeout=600)
     assert sweep.proc.returncode == 0, out[-3000:]
     assert "gone" not in out.lower() and "controller does not answer" in out and "answers again" in out, out[-3000:]
@@ -353,7 +353,7 @@ def test_a_node_lost_during_a_two_node_job_requeues_it_and_it_ends_as_one_proces
     try:
         until_decided(sweep.run_dir / ".requeues" / f"{job}.0.json", job, "n2")
     finally:
-        subprocess.run(["slurmd", "-N", "n1"], check=True)
+        start_daemon("slurmd", "-N", "n1")
     out = sweep.wait(timeout=600)
     log = sweep.log()
     assert sweep.proc.returncode == 0, out[-3000:] + log[-3000:]
