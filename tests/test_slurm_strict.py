@@ -362,14 +362,16 @@ def test_a_node_lost_during_a_two_node_job_requeues_it_and_it_ends_as_one_proces
     first, *_, last = sweep.attempts()
     assert last["status"] == "finished" and last["global_step"] == 24, last
     said = [line for line in out.splitlines() if ": requeued" in line]
-    assert len(said) == 1 and "continues from step" in said[0], out[-3000:]
+    assert len(said) == 1, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     # rank 1 records the loss and has the job requeued; or, ended with the step before it could (srun, on n1, is
     # gone too), the attempt ends unrecorded and SLURM requeues the job itself on the node failure
     assert first["status"] in ("requeued: a peer was lost", UNRECORDED), first
     if first["status"] != UNRECORDED:
         assert 12 <= first["global_step"] < 24 and first.get("recorded_by_rank") == 1, first
-        assert "a peer was lost" in said[0], said
+        assert "a peer was lost" in said[0] and "continues from step" in said[0], said
+    else:  # nothing recorded of the attempt: its cause is not guessed
+        assert said[0].endswith(": requeued"), said
     both = json.loads((sweep.run_dir / "metrics.json").read_text())
     assert both["val/loss"] == pytest.approx(one_process["val/loss"], abs=2e-3), (both, one_process)
     rows = (sweep.folder / "results.csv").read_text().splitlines()
