@@ -32,6 +32,8 @@ the one wait the job is in, its timer started at Watched.since:
 
 Transitions, at a poll where squeue answers (the first rule that applies):
 
+  COMPLETING, result readable -> verdict from the result file as below: the run is over, SLURM is cleaning up
+                                (which can take a minute after an outage of the controller)
   alive                      -> that state; the wait and the end known are dropped. Back in the queue after
                                 running (or after a requeue wait), squeue's REQUEUED, or running again without a poll
                                 seeing it pending: "requeued", said once a requeue, with the reason the run recorded
@@ -53,9 +55,10 @@ OUT_OF_MEMORY, BOOT_FAIL, DEADLINE (SLURM's end); GONE (no result and no end kno
 file). A verdict is said once, in the job's last line: an error line with the last lines of its log, unless COMPLETED.
 
 Guarantees:
-- no verdict while the job is alive, and none while SLURM can still run it again provided its next attempt shows in
-  squeue (alive) within the grace of the wait the driver is in (REQUEUE_GRACE_S after TIMEOUT, NODE_FAIL,
-  PREEMPTED; GONE_GRACE_S while it is missing), counted from the end of any outage;
+- no verdict while the job is alive (COMPLETING with its result written aside), and none while SLURM can still run it
+  again provided its next attempt shows in squeue (alive) within the grace of the wait the driver is in
+  (REQUEUE_GRACE_S after TIMEOUT, NODE_FAIL, PREEMPTED; GONE_GRACE_S while it is missing), counted from the end of
+  any outage;
 - COMPLETED when the last attempt completed and its result file shows within RESULT_GRACE_S;
 - the time bound. An event is a change of squeue's or sacct's answer, the end of an outage, or the result file
   showing. After a job's last event the next poll sees it within POLL_MAX_S, the wait that poll starts (or one
