@@ -138,6 +138,14 @@ def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thre
     assert calls == [["61", "62"]]
 
 
+def requeue_lines(monkeypatch, caplog, job, answers: list, on_poll) -> list[str]:
+    """The driver's "requeued" lines for one job following the scripted squeue answers."""
+    script(monkeypatch, answers, on_poll=on_poll)
+    with caplog.at_level("INFO", logger="attnlab"):
+        sl.watch([job], poll_s=0.0)
+    return [r.getMessage() for r in caplog.records if ": requeued" in r.getMessage()]
+
+
 def test_a_job_requeued_between_two_polls_is_said_requeued_once_with_the_cause_its_run_recorded(
         monkeypatch, tmp_path, caplog):
     """RUNNING, COMPLETING (its attempt ending: scontrol requeue after a lost node), RUNNING again: the poll never
@@ -153,12 +161,9 @@ def test_a_job_requeued_between_two_polls_is_said_requeued_once_with_the_cause_i
         if n == 5:
             finish(job.job)
 
-    script(monkeypatch, [{"31": ("RUNNING", "n[1-2]")}, {"31": ("COMPLETING", "n[1-2]")},
-                         {"31": ("RUNNING", "n[1-2]")}, {"31": ("RUNNING", "n[1-2]")}, {"31": ("COMPLETED", "")}],
-           on_poll=on_poll)
-    with caplog.at_level("INFO", logger="attnlab"):
-        sl.watch([job], poll_s=0.0)
-    said = [r.getMessage() for r in caplog.records if ": requeued" in r.getMessage()]
+    said = requeue_lines(monkeypatch, caplog, job, [
+        {"31": ("RUNNING", "n[1-2]")}, {"31": ("COMPLETING", "n[1-2]")}, {"31": ("RUNNING", "n[1-2]")},
+        {"31": ("RUNNING", "n[1-2]")}, {"31": ("COMPLETED", "")}], on_poll)
     assert said == ["job 31 (#0: seed=0): requeued (a peer was lost: Connection reset by peer); it continues from step 15 "
                     "(last.ckpt) when it runs again"], caplog.text
     assert job.state == "COMPLETED"
@@ -182,11 +187,8 @@ def test_an_attempt_that_ended_without_a_word_is_not_given_the_cause_of_the_one_
         if n == 6:
             finish(job.job)
 
-    script(monkeypatch, [{"32": ("RUNNING", "n[1-2]")}, {"32": ("PENDING", "")}, {"32": ("RUNNING", "n[1-2]")},
-                         {"32": ("PENDING", "")}, {"32": ("RUNNING", "n[1-2]")}, {"32": ("COMPLETED", "")}],
-           on_poll=on_poll)
-    with caplog.at_level("INFO", logger="attnlab"):
-        sl.watch([job], poll_s=0.0)
-    said = [r.getMessage() for r in caplog.records if ": requeued" in r.getMessage()]
+    said = requeue_lines(monkeypatch, caplog, job, [
+        {"32": ("RUNNING", "n[1-2]")}, {"32": ("PENDING", "")}, {"32": ("RUNNING", "n[1-2]")},
+        {"32": ("PENDING", "")}, {"32": ("RUNNING", "n[1-2]")}, {"32": ("COMPLETED", "")}], on_poll)
     assert said == ["job 32 (#0: seed=0): requeued (a peer was lost: Connection reset by peer); it continues from step 15 "
                     "(last.ckpt) when it runs again", "job 32 (#0: seed=0): requeued"], caplog.text

@@ -233,8 +233,8 @@ def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> 
         state = _ended(w, accounting, state)
         if state is None:
             return w.state != before
-    elif state == "COMPLETING" and result_verdict(w) is not None:  # the run is over: SLURM is cleaning up
-        state = result_verdict(w)
+    elif state == "COMPLETING" and (verdict := result_verdict(w)) is not None:  # the run is over: SLURM cleans up
+        state = verdict
     else:  # alive: what the driver waited for is over (a requeue; a controller that had lost the job for a while)
         w.ended_as = w.waiting = None
     if state in QUEUED and (w.started or (state == "REQUEUED" and not w.requeued)):
