@@ -141,16 +141,24 @@ class TrainClock(Callback):
 def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, caplog):
     """global_batch_size=256 over batches of 64 accumulates 4 batches a step: preflight counts 4 x max_steps batches,
     as the run trains them (it read 1 before the plan decided the accumulation), and its estimate of the training
-    and validation matches the run's time for them within 20%."""
+    and validation matches the run's time for them within 20%. The estimate and the run are timed one after the
+    other on a machine the other test workers share: a pair that a neighbour's burst set apart is timed again, once."""
     from attnlab.cli.training import train
 
     caplog.set_level("INFO", logger="attnlab")
     steps = ["global_batch_size=256", "data.batch_size=64", "trainer.max_steps=150", "test=false"]
-    train(compose_cfg(["preflight=true", "preflight_steps=50", *steps, *QUICK], tmp_path / "pre"))
-    m = re.search(r"the configured run  ≈ [\d.]+ (?:s|min) \(([\d.]+) (s|min) training(?: \+ ([\d.]+) (s|min) "
-                  r"validation)?", caplog.text)
-    assert m, caplog.text[-2000:]
-    predicted = sum(float(v) * (60 if unit == "min" else 1) for v, unit in ((m[1], m[2]), (m[3], m[4])) if v)
-    train(compose_cfg([*steps, *QUICK, f"+callbacks.clock._target_={__name__}.TrainClock"], tmp_path / "real"))
-    print(f"\npreflight: {predicted:.1f} s; the run: {TrainClock.seconds:.1f} s")
-    assert 0.8 < TrainClock.seconds / predicted < 1.2, (predicted, TrainClock.seconds)
+    pairs = []
+    for attempt in range(2):
+        caplog.clear()
+        train(compose_cfg(["preflight=true", "preflight_steps=50", *steps, *QUICK], tmp_path / f"pre{attempt}"))
+        m = re.search(r"the configured run  ≈ [\d.]+ (?:s|min) \(([\d.]+) (s|min) training(?: \+ ([\d.]+) (s|min) "
+                      r"validation)?", caplog.text)
+        assert m, caplog.text[-2000:]
+        predicted = sum(float(v) * (60 if unit == "min" else 1) for v, unit in ((m[1], m[2]), (m[3], m[4])) if v)
+        train(compose_cfg([*steps, *QUICK, f"+callbacks.clock._target_={__name__}.TrainClock"],
+                          tmp_path / f"real{attempt}"))
+        pairs.append((predicted, TrainClock.seconds))
+        print(f"\npreflight: {predicted:.1f} s; the run: {TrainClock.seconds:.1f} s")
+        if 0.8 < TrainClock.seconds / predicted < 1.2:
+            break
+    assert 0.8 < pairs[-1][1] / pairs[-1][0] < 1.2, pairs
