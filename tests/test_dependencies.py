@@ -152,7 +152,7 @@ LEAN_CHECK = """
 import importlib, sys
 from attnlab.lean_imports import Deferred, import_lightning
 import_lightning()
-loaded = sorted(m for m in ('torchvision', 'transformers') if m in sys.modules)
+loaded = sorted(m for m in ('torchvision', 'transformers', 'scipy') if m in sys.modules)
 from lightning_utilities.core.imports import RequirementCache, package_available
 import torch
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -171,7 +171,7 @@ print(loaded, bool(RequirementCache('torchvision')), package_available('transfor
 
 
 def test_lightning_imported_with_the_optional_packages_of_unused_metrics_deferred_not_hidden(tmp_path):
-    """attnlab.lean_imports defers torchvision and transformers while torchmetrics is imported, patching nothing:
+    """attnlab.lean_imports defers torchvision, transformers and scipy while torchmetrics is imported, patching nothing:
     they are not imported at start-up, the availability checks see them, the names torchmetrics binds from them are
     the real objects once used, and a metric's plot (matplotlib) works after the lean start."""
     import subprocess

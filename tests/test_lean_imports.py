@@ -1,4 +1,4 @@
-"""attnlab.lean_imports answers as the machine is while it defers torchvision and transformers: a package that is not
+"""attnlab.lean_imports answers as the machine is while it defers torchvision, transformers and scipy: a package that is not
 installed is absent, a submodule or name that does not exist fails at the import, and what exists resolves to the
 real objects at first use. Each check runs in a new process (not a fork of the tests' preloaded server), since what
 it checks is what an import sees first."""
@@ -116,7 +116,8 @@ with deferring():
     from torchvision.ops import box_iou
     from transformers import Apache, CLIPModel, PreTrainedModel  # Apache: in the license header, never bound
     import torchvision.transforms.functional as F
-    print(sorted(n for n, m in sys.modules.items() if n.partition('.')[0] in ('torchvision', 'transformers')
+    import scipy.signal
+    print(sorted(n for n, m in sys.modules.items() if n.partition('.')[0] in ('torchvision', 'transformers', 'scipy')
                  and not isinstance(m, DeferredModule)))
 print([n for n, m in sys.modules.items() if isinstance(m, DeferredModule)], isinstance(CLIPModel, Deferred))
 import torchvision, transformers
@@ -124,6 +125,9 @@ import torchvision.transforms.functional
 print(transforms.Compose is torchvision.transforms.Compose, resnet50.resolve() is torchvision.models.resnet50,
       box_iou.resolve() is torchvision.ops.box_iou, CLIPModel.resolve() is transformers.CLIPModel,
       PreTrainedModel.resolve() is transformers.PreTrainedModel, F.resize.resolve() is torchvision.transforms.functional.resize)
+stand_in = scipy.signal
+import scipy.signal
+print(isinstance(stand_in, DeferredModule), stand_in.windows.hamming is scipy.signal.windows.hamming)
 try:
     Apache.resolve()
     print('resolved')
@@ -139,5 +143,21 @@ def test_what_does_not_exist_fails_at_the_import_and_what_does_is_the_real_objec
         "[]",
         "[] True",
         "True True True True True True",
+        "True True",
         "ImportError",
     ]
+
+
+def test_scipy_is_imported_for_real_where_gammatone_is_installed(tmp_path, monkeypatch):
+    """torchmetrics gives scipy.signal a `hamming` for gammatone where scipy has none: with gammatone installed,
+    scipy is not deferred, so that torchmetrics can see whether it has one."""
+    import importlib
+
+    from attnlab.lean_imports import deferred_packages
+
+    assert deferred_packages() == ("torchvision", "transformers", "scipy")
+    (tmp_path / "gammatone").mkdir()
+    (tmp_path / "gammatone" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert deferred_packages() == ("torchvision", "transformers")
