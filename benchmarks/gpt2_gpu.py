@@ -19,8 +19,9 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from attnlab.utils.atomic import scratch_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 NANOGPT_A100_PEAK = 312e12  # what nanoGPT's estimate_mfu divides by
@@ -80,7 +81,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     peak = device_peak_flops(device, "bf16-mixed") if device.type == "cuda" else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    rows = {"attnlab": attnlab_row(args, Path(tempfile.mkdtemp(prefix="attnlab_gpt2_")) / "run")}
+    rows = {"attnlab": attnlab_row(args, scratch_folder("attnlab_gpt2_") / "run")}
     if args.nanogpt and not args.tiny:
         rows["nanoGPT bench.py"] = nanogpt_row(args, peak)
     print(f"GPT-2 124M{' (tiny)' if args.tiny else ''} on {name}: batch {args.batch_size} x {args.block_size} tokens")

@@ -30,9 +30,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from attnlab.utils.atomic import scratch_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK, BATCH, EVAL_EVERY, EVAL_BATCHES = 64, 12, 250, 20
@@ -216,7 +217,7 @@ def run_attnlab_whole(steps: int, out: Path) -> dict:
 
 def against_nanogpt(path: Path, steps: int, pairs: int) -> None:
     prepare_nanogpt(path)
-    work = Path(tempfile.mkdtemp(prefix="attnlab_vs_nanogpt_"))
+    work = scratch_folder("attnlab_vs_nanogpt_")
     run_attnlab_whole(min(steps, 20), work / "warm")  # tokenizes into the cache once (nanoGPT's prepare.py did)
     rows = []
     for i in range(pairs):
@@ -256,7 +257,7 @@ def main() -> None:
         return torch_only(args.steps)
     if args.nanogpt:
         return against_nanogpt(args.nanogpt.resolve(), args.steps, args.pairs)
-    work = Path(tempfile.mkdtemp(prefix="attnlab_bench_"))
+    work = scratch_folder("attnlab_bench_")
     bare_r = run_script_mode("bare", args.steps, work / "cache")   # first: it also tokenizes the corpus into the cache
     ours = run_ours(args.steps, work / "run")
     torch_r = run_script_mode("torch-only", args.steps, work / "cache")

@@ -18,10 +18,11 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from datetime import date
 from pathlib import Path
+
+from attnlab.utils.atomic import scratch_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,7 +45,7 @@ def alternate(ours, theirs, repeats: int) -> tuple[list, list]:
 
 
 def run_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="attnlab_gpu_check_")) / "run"
+    return scratch_folder("attnlab_gpu_check_") / "run"
 
 
 def gpt_row(args) -> dict:

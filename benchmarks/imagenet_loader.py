@@ -44,6 +44,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from attnlab.utils.atomic import scratch_folder
+
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 AUTO_AUGMENT, RE_PROB, RE_MODE = "rand-m9-mstd0.5-inc1", 0.25, "pixel"
@@ -92,7 +94,7 @@ def attnlab_loader(root: Path, args):
     from attnlab.cli import builders
     from attnlab.config import compose_run
 
-    out = Path(tempfile.mkdtemp(prefix="attnlab-loader-"))
+    out = scratch_folder("attnlab-loader-")
     cfg = compose_run(["data=imagenet", f"data.root={root}", "data.num_classes=10", f"data.batch_size={args.batch}",
                        f"data.num_workers={args.workers}", f"++data.augment.auto_augment={AUTO_AUGMENT}",
                        f"++data.augment.re_mode={RE_MODE}", f"++data.augment.re_prob={RE_PROB}",

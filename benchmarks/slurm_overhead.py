@@ -17,9 +17,10 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from attnlab.utils.atomic import scratch_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["trainer=cpu", "trainer.max_steps=3", "trainer.limit_val_batches=1", "test=false", "data.num_workers=0",
@@ -86,7 +87,7 @@ def main() -> None:
     p.add_argument("--partition", default="debug")
     p.add_argument("overrides", nargs="*", help="key=value overrides of both runs")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="attnlab-slurm-overhead-"))
+    work = scratch_folder("attnlab-slurm-overhead-")
     (work / "first_step.py").write_text(FIRST_STEP)
     env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_LOG_DIR": str(work / "logs"),
                         "PYTHONPATH": os.pathsep.join(filter(None, [str(work), os.environ.get("PYTHONPATH")]))}

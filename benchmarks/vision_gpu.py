@@ -23,9 +23,10 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from attnlab.utils.atomic import scratch_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"vit_base": "vit_base_patch16_224", "swin": "swin_tiny_patch4_window7_224",
@@ -85,7 +86,7 @@ def loader_images_per_s(n: int):
 
     from attnlab.config import CONF_DIR
 
-    root = Path(tempfile.mkdtemp(prefix="attnlab_jpegs_"))
+    root = scratch_folder("attnlab_jpegs_")
     make_jpegs(root, n)
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("train", overrides=["data=imagefolder", f"data.root={root}", "data.num_workers=0",
@@ -144,7 +145,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.tiny else "CPU"
     print(f"training images/s on {name}, batch {args.batch_size}")
     for model in args.models:
-        ours = attnlab_row(model, args, Path(tempfile.mkdtemp(prefix="attnlab_vision_")) / "run")
+        ours = attnlab_row(model, args, scratch_folder("attnlab_vision_") / "run")
         line = f"  {model} ({MODELS[model]}): attnlab {ours:,.1f}"
         if args.timm and not args.tiny:
             ref = timm_row(model, args)

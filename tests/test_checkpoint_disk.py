@@ -144,3 +144,22 @@ def test_ckpt_path_last_takes_the_run_whose_last_step_was_written_last(tmp_path)
     os.symlink("epoch_000.ckpt", older / "last.ckpt")
     os.symlink("epoch_000.ckpt", broken / "last.ckpt")  # dangling (its file deleted by hand): skipped
     assert newest_last(tmp_path) == newer / "last.ckpt"
+
+
+def test_a_scripts_scratch_folder_is_gone_when_it_exits(tmp_path):
+    """attnlab.utils.atomic.scratch_folder (the benchmarks' runs and images): in the temporary folder, removed with
+    what it holds at the script's exit."""
+    import subprocess
+    import sys
+
+    script = ("from attnlab.utils.atomic import scratch_folder\n"
+              "folder = scratch_folder('attnlab-bench-')\n"
+              "(folder / 'run').mkdir()\n"
+              "(folder / 'run' / 'last.ckpt').write_bytes(b'0' * 100)\n"
+              "print(folder)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env=os.environ | {"TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    folder = Path(out.stdout.strip())
+    assert folder.parent == tmp_path and folder.name.startswith("attnlab-bench-")
+    assert not folder.exists() and not any(tmp_path.iterdir())

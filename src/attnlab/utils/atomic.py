@@ -4,9 +4,11 @@ final name nor a temporary file behind."""
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -146,3 +148,11 @@ def _claim_key(path: str) -> str:
     import hashlib
 
     return "ATTNLAB_CLAIMED_" + hashlib.sha1(str(Path(path).absolute()).encode()).hexdigest()[:16]
+
+
+def scratch_folder(prefix: str) -> Path:
+    """A new folder in the system's temporary folder, removed with all it holds when the process exits (a script's
+    working files: a benchmark's runs and images)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
