@@ -30,6 +30,9 @@ Nothing is patched, and the deferring finder answers as the machine is, without 
   module's folder (a star import from another package, a name made at run time) is refused while Lightning
   imports, though a plain import would bind it; torchvision and transformers spell every name torchmetrics imports.
 
+The same goes for wandb while timm is first imported (DEFERRED_WHILE): timm imports it at its start for a logging
+helper of its own training scripts.
+
 `ATTNLAB_LEAN_IMPORTS=0` imports everything at once.
 """
 
@@ -54,6 +57,10 @@ DEFERRED = ("torchvision", "transformers", "scipy")
 # when scipy (>= 1.13) has none, and a stand-in cannot tell whether it has one without importing it
 FOR_REAL_WITH = {"scipy": "gammatone"}
 
+# packages whose own import, whenever it comes, is made with others deferred: timm imports wandb as it starts, for a
+# logging helper of its training scripts (timm.utils.summary): 0.5 s of every image run's start
+DEFERRED_WHILE = {"timm": ("wandb",)}
+
 # packages a deferred name has asked for for real: no longer deferred, even while the finder is still installed
 _UNDEFERRED: set[str] = set()
 
@@ -67,6 +74,8 @@ def import_lightning() -> None:
     with deferring(deferred_packages()):
         import torchmetrics  # noqa: F401
         import lightning.pytorch  # noqa: F401
+    if any(p not in sys.modules for p in DEFERRED_WHILE) and not any(isinstance(f, _DeferWhile) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferWhile())
 
 
 def deferred_packages() -> tuple[str, ...]:
@@ -96,7 +105,7 @@ def _real_spec(name: str, path: list[str] | None = None) -> importlib.machinery.
     """The spec the other finders on sys.meta_path give `name` (without executing anything): None where the machine
     has no such module. A finder that refuses it (ModuleNotFoundError) refuses it here too."""
     for finder in list(sys.meta_path):
-        if isinstance(finder, _DeferringFinder) or not hasattr(finder, "find_spec"):
+        if isinstance(finder, (_DeferringFinder, _DeferWhile)) or not hasattr(finder, "find_spec"):
             continue
         spec = finder.find_spec(name, path, None)
         if spec is not None:
@@ -143,6 +152,39 @@ class _DeferringFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         pass
+
+
+class _DeferWhile(importlib.abc.MetaPathFinder):
+    """Finds a package of DEFERRED_WHILE, at its first import, with a loader that executes it with its DEFERRED_WHILE
+    packages deferred; leaves sys.meta_path once each of them is imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in DEFERRED_WHILE:
+            return None
+        spec = _real_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _LoaderDeferring(spec.loader, DEFERRED_WHILE[name])
+        if all(p in sys.modules or p == name for p in DEFERRED_WHILE) and self in sys.meta_path:
+            sys.meta_path.remove(self)  # the import system stops at the spec found: its loop over sys.meta_path ends
+        return spec
+
+
+class _LoaderDeferring(importlib.abc.Loader):
+    """A module's own loader, executing it with `packages` deferred (the rest of its interface is its loader's)."""
+
+    def __init__(self, loader: importlib.abc.Loader, packages: tuple[str, ...]):
+        self.loader, self.packages = loader, packages
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        with deferring(self.packages):
+            self.loader.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
 
 
 class DeferredModule(types.ModuleType):
