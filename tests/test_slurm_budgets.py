@@ -209,6 +209,17 @@ def test_an_attempt_slurm_starts_past_the_budget_fails_before_training(tmp_path,
     assert record["status"] == "failed: a peer was lost, not requeued" and record["requeues_spent"] == 3, record
 
 
+def test_how_long_a_surviving_rank_waits_for_a_peers_note_is_set_by_the_environment(monkeypatch, capsys):
+    """10 s by default; ATTNLAB_PEER_NOTE_WAIT_S sets it; a value that is not a number is said, and 10 s used."""
+    monkeypatch.delenv("ATTNLAB_PEER_NOTE_WAIT_S", raising=False)
+    assert PeerWatch().wait_s == 10
+    monkeypatch.setenv("ATTNLAB_PEER_NOTE_WAIT_S", "30")
+    assert PeerWatch().wait_s == 30
+    monkeypatch.setenv("ATTNLAB_PEER_NOTE_WAIT_S", "ten")
+    assert PeerWatch().wait_s == 10
+    assert capsys.readouterr().err == "attnlab: ATTNLAB_PEER_NOTE_WAIT_S='ten' is not a number of seconds; waiting 10 s\n"
+
+
 def test_the_sigterm_of_a_requeue_asked_for_a_lost_peer_leaves_its_note(tmp_path, slurm, monkeypatch):
     """The requeue's SIGTERM reaches the surviving rank before it has ended: the ledger keeps the lost peer."""
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")

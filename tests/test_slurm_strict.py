@@ -19,7 +19,7 @@ import pytest
 from attnlab.lineage import UNRECORDED
 from conftest import ROOT
 from slurm_cluster import slurm, start_daemon
-from test_slurm_preemption import PACE, STEPS, Batch, Sweep, assert_same_metrics, paced, reference_run
+from test_slurm_preemption import PACE, PEER_NOTE_WAIT_S, STEPS, Batch, Sweep, assert_same_metrics, paced, reference_run
 
 
 def _wait_training(job, timeout: float = 180) -> None:
@@ -277,13 +277,14 @@ def test_the_overhead_benchmark_of_launcher_slurm_runs(slurm_cluster):
     assert "median to the first training step: sbatch + srun" in out.stdout, out.stdout
 
 
-def until_decided(record: Path, job: str, survivor: str, least_s: float = 15, most_s: float = 120) -> None:
-    """A lost node stays away at least `least_s`, then until the rank left on `survivor` has decided (it waits 10 s
-    for a failed peer's note, longer on a loaded machine): the attempt's ledger record says how it ended, or that
-    rank's process has ended without a word (at most `most_s`). Back earlier, n1, which runs the batch script, would
-    have SLURM requeue the job itself, ending that rank; and a node back before the rank left has asked for the
-    requeue has srun cancel the step (its ledger record says the peer was lost as soon as the rank meets the loss,
-    before those 10 s: hence `least_s`)."""
+def until_decided(record: Path, job: str, survivor: str, least_s: float = PEER_NOTE_WAIT_S + 5,
+                  most_s: float = 120) -> None:
+    """A lost node stays away at least `least_s`, then until the rank left on `survivor` has decided (it waits
+    PEER_NOTE_WAIT_S for a failed peer's note, longer on a loaded machine): the attempt's ledger record says how it
+    ended, or that rank's process has ended without a word (at most `most_s`). Back earlier, n1, which runs the batch
+    script, would have SLURM requeue the job itself, ending that rank; and a node back before the rank left has asked
+    for the requeue has srun cancel the step (its ledger record says the peer was lost as soon as the rank meets the
+    loss, before that wait: hence `least_s`)."""
     time.sleep(least_s)
     deadline = time.monotonic() + most_s - least_s
     while time.monotonic() < deadline:

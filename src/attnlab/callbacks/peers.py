@@ -40,11 +40,14 @@ from lightning.pytorch.callbacks import Callback
 from attnlab.callbacks.requeues import (  # noqa: F401  (the names tests and callers import from here)
     DEFAULT_MAX_REQUEUES, LEDGER, LOST, REQUEUED_LOST, RUNNING, TIME_LIMIT, Ledger, forbid_requeue, in_slurm_job,
     job_fields, max_requeues, scontrol_requeue, seconds_left, slurm_fields, slurm_job_id, slurm_requeues, this_attempt)
-from attnlab.utils import atomic
+from attnlab.utils import atomic, env
 
 # what torch's backends say when the other end of a collective went away
 LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken pipe", "communicator was aborted",
               "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
+# how long a surviving rank waits for a failed peer's note before it calls the peer lost (longer where a shared file
+# system is slow to show a file written on another node)
+NOTE_WAIT_ENV, NOTE_WAIT_S = "ATTNLAB_PEER_NOTE_WAIT_S", 10.0
 LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
 
 
@@ -66,8 +69,8 @@ def lost_peer(error: BaseException) -> bool:
 class PeerWatch(Callback):
     """Tells a lost rank from a failed one at the end of a multi-rank run that raised (module docstring)."""
 
-    def __init__(self, wait_s: float = 10.0):
-        self.wait_s = wait_s
+    def __init__(self, wait_s: float | None = None):
+        self.wait_s = env.seconds(NOTE_WAIT_ENV, NOTE_WAIT_S) if wait_s is None else wait_s
         self.notes = Path(".ranks")
         self.held: bool | None = None  # made non-requeueable at the loss (past the budget): whether SLURM took it
 

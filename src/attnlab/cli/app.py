@@ -140,13 +140,9 @@ def _end_without_teardown(code: int) -> None:
 
 
 def _exit_grace() -> float:
-    value = os.environ.get(EXIT_GRACE_ENV, "")
-    try:
-        return max(0.0, float(value)) if value else DEFAULT_EXIT_GRACE_S
-    except ValueError:
-        print(f"attnlab: {EXIT_GRACE_ENV}={value!r} is not a number of seconds; waiting {DEFAULT_EXIT_GRACE_S:g} s",
-              file=sys.stderr)
-        return DEFAULT_EXIT_GRACE_S
+    from attnlab.utils.env import seconds
+
+    return seconds(EXIT_GRACE_ENV, DEFAULT_EXIT_GRACE_S)
 
 
 def _exit_after(grace: float, code: int) -> None:
