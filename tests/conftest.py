@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -53,6 +54,14 @@ def compose_cfg(overrides: list[str], tmp_path: Path, config_name: str = "train"
 # a child of pytest (over 1 GB by the end of the suite) reports at least pytest's size. Started from this small
 # launcher instead, a child's peak is its own.
 OWN_PEAK_LAUNCHER = ["-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
+
+
+def docs_command(page: str, start: str) -> list[str]:
+    """The command of `page`'s (docs/clusters.md) bash blocks that starts with `start`, as argv: a test that runs it
+    as the page shows it (tests/test_readme.py's ELSEWHERE then only composes its config)."""
+    lines = [ln.strip() for ln in (ROOT / page).read_text().splitlines() if ln.strip().startswith(start)]
+    assert len(lines) == 1, f"{page} shows {len(lines)} commands starting with {start!r}"
+    return shlex.split(lines[0], comments=True)
 
 
 def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600, cwd: Path = ROOT,

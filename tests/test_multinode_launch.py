@@ -18,20 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA_DIR, ROOT, run_cli
+from conftest import DATA_DIR, ROOT, docs_command, run_cli
 from slurm_cluster import slurm
 
-CLUSTERS_MD = ROOT / "docs" / "clusters.md"
 # the digits ViT on a tiny budget; 32 samples an optimizer step: 16 on each of two nodes, or 32 in one process
 BUDGET = ["trainer.max_epochs=2", "trainer.limit_train_batches=12", "data.augment=null", "test=false",
           "extras.print_config=false", "callbacks.progress_bar=null", "data.num_workers=0", "global_batch_size=32"]
-
-
-def docs_command(start: str) -> list[str]:
-    """The command of docs/clusters.md's bash blocks that starts with `start`, as argv."""
-    lines = [ln.strip() for ln in CLUSTERS_MD.read_text().splitlines() if ln.strip().startswith(start)]
-    assert len(lines) == 1, f"docs/clusters.md shows {len(lines)} commands starting with {start!r}"
-    return shlex.split(lines[0], comments=True)
 
 
 def env_for(log_dir: Path) -> dict[str, str]:
@@ -72,7 +64,7 @@ def test_two_torchrun_agents_on_one_host_write_one_run_folder(tmp_path, one_proc
         port = str(s.getsockname()[1])
     log_dir, procs = tmp_path / "logs", []
     for rank in (0, 1):
-        argv = docs_command(f"torchrun --nnodes 2 --node-rank {rank} ")
+        argv = docs_command("docs/clusters.md", f"torchrun --nnodes 2 --node-rank {rank} ")
         argv[argv.index("--master-port") + 1] = port
         argv[0:1] = [sys.executable, "-m", "torch.distributed.run"]  # torchrun of this Python
         procs.append(subprocess.Popen([*argv, "trainer.num_nodes=2", "data.batch_size=16", *BUDGET], cwd=ROOT,
@@ -142,7 +134,7 @@ def test_srun_torchrun_in_a_users_batch_script_trains_under_torchruns_environmen
 def test_a_users_sbatch_script_trains_on_two_nodes_in_one_folder_and_a_requeue_continues_there(
         slurm_cluster, tmp_path, one_process):
     cluster = slurm_cluster(accounting=True)
-    argv = docs_command("sbatch -N 2 --ntasks-per-node=1 ")
+    argv = docs_command("docs/clusters.md", "sbatch -N 2 --ntasks-per-node=1 ")
     log_dir = tmp_path / "logs"
     # -c 1: beside other jobs on the 4-CPU nodes; a checkpoint every 4 steps, so that the job is requeued mid-run
     argv[1:1] = ["--parsable", "-c", "1", "-o", str(tmp_path / "slurm-%j.out"), "-J", "attnlab-test-multinode"]

@@ -3,7 +3,7 @@ documented command cannot silently break. Each block runs in order in a fresh fo
 of earlier ones: `ckpt_path=last`, `<run>/checkpoints/last.ckpt`), on the small made-up datasets (tests/fixtures.py).
 Commands marked [SLURM] or [multi-node] (and nothing else) run for real: sbatch, srun and launcher=slurm on a real
 two-node SLURM cluster on this machine (tools/slurm-cluster.sh), apart from the block's other commands, and torchrun's
-agents side by side; those tests/test_multinode_launch.py runs as the page shows them (ELSEWHERE) compose here. Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
+agents side by side; those another test runs as the page shows them (ELSEWHERE) compose here. Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
 their configs are composed instead. `python train.py|eval.py|predict.py` runs in-process through the entry points'
 own functions (start-up would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`,
 benchmarks) runs in one. README.md is the front door: at most 300 lines; every relative link of these pages leads to
@@ -38,9 +38,13 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose bash 
 README_MAX_LINES = 300
 MARKS = ("GPU", "ImageNet", "multi-node", "SLURM", "W&B account", "network")
 CLUSTER_MARKS = {"SLURM", "multi-node"}  # what the tests' real SLURM cluster gives (GPUs it does not)
-# docs/clusters.md's commands that tests/test_multinode_launch.py runs for real as the page shows them (its
-# docs_command): here their config composes, as for the [GPU] ones
-ELSEWHERE = ("sbatch -N 2 --ntasks-per-node=1 ", "torchrun --nnodes 2 --node-rank ")
+# commands another test runs for real as the page shows them (conftest.docs_command): (page, how the command starts)
+# -> that test's file; here their config composes, as for the [GPU] ones
+ELSEWHERE = {
+    ("docs/clusters.md", "sbatch -N 2 --ntasks-per-node=1 "): "test_multinode_launch.py",
+    ("docs/clusters.md", "torchrun --nnodes 2 --node-rank "): "test_multinode_launch.py",
+    ("docs/sweeps.md", "python train.py -m launcher=slurm hparams_search="): "test_slurm_sweeps.py",
+}
 MARK = re.compile(r"\[(" + "|".join(re.escape(m) for m in MARKS) + r")\]")
 ENTRY = {"train.py": "train", "eval.py": "eval", "predict.py": "predict", "export.py": "export",
          "attnlab.train": "train", "attnlab.eval": "eval", "attnlab.predict": "predict"}
@@ -99,7 +103,7 @@ class Command:
     @property
     def elsewhere(self) -> bool:
         """Run for real by tests/test_multinode_launch.py, as the page shows it."""
-        return self.page == "docs/clusters.md" and self.text.startswith(ELSEWHERE)
+        return any(self.page == page and self.text.startswith(start) for page, start in ELSEWHERE)
 
     @property
     def needs_slurm(self) -> bool:
@@ -170,9 +174,11 @@ def test_the_readme_shows_its_commands_in_bash_blocks():
 
 def test_the_commands_run_elsewhere_are_run_there_as_the_page_shows_them():
     shown = [c for b in BLOCKS for c in b.commands if c.elsewhere]
-    assert {p for p in ELSEWHERE if any(c.text.startswith(p) for c in shown)} == set(ELSEWHERE), shown
-    runs = (ROOT / "tests" / "test_multinode_launch.py").read_text()
-    assert all(f'docs_command("{p}' in runs or f'docs_command(f"{p}' in runs for p in ELSEWHERE), ELSEWHERE
+    assert {(p, s) for p, s in ELSEWHERE if any(c.page == p and c.text.startswith(s) for c in shown)} == \
+        set(ELSEWHERE), shown
+    for (page, start), test in ELSEWHERE.items():
+        runs = (ROOT / "tests" / test).read_text()
+        assert f'docs_command("{page}", "{start}' in runs or f'docs_command("{page}", f"{start}' in runs, (page, start)
 
 
 def test_the_readme_is_a_front_door():

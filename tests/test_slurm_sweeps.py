@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, docs_command
 from slurm_cluster import slurm
 
 TINY = ["launcher=slurm", "launcher.partition=debug", "trainer=cpu", "+trainer.limit_train_batches=3",
@@ -77,13 +77,15 @@ def test_a_cancelled_job_is_one_line_and_the_others_are_gathered(accounting, slu
 
 def test_optuna_trials_run_as_separate_jobs_and_a_killed_driver_continues_the_study(slurm_cluster, tmp_path,
                                                                                       log_env):
-    """hydra.sweeper.n_jobs=2 on SLURM: two trials at once, each its own SLURM job reporting its validations to the
-    study (what a pruner decides on); the driver killed mid-sweep cancels its jobs, and the same command continues
-    the study to its total."""
+    """docs/sweeps.md's Optuna sweep on SLURM as the page shows it (hydra.sweeper.n_jobs=2), with a median pruner:
+    two trials at once, each its own SLURM job reporting its validations to the study (what a pruner decides on);
+    the driver killed mid-sweep cancels its jobs, and the same command continues the study to its total."""
     optuna = pytest.importorskip("optuna")
     slurm_cluster(accounting=True)
-    args = ["hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2",
-            "hydra.sweeper.pruner=median", "trainer.max_epochs=2", *TINY]
+    shown = docs_command("docs/sweeps.md", "python train.py -m launcher=slurm hparams_search=")
+    assert shown[:3] == ["python", "train.py", "-m"] and "hydra.sweeper.n_jobs=2" in shown, shown
+    args = [*shown[3:], "hydra.sweeper.pruner=median", *(a for a in TINY if a not in shown)]
+    n_trials = int(next(a for a in shown if a.startswith("hydra.sweeper.n_trials=")).split("=")[1])
     out = tmp_path / "first.log"
     proc = _driver(args, log_env, out)
     _wait_for(r"job \d+ \(#\d+[^)]*\): running(.|\n)*job \d+ \(#\d+[^)]*\): running", out, proc)  # two at once
@@ -102,10 +104,10 @@ def test_optuna_trials_run_as_separate_jobs_and_a_killed_driver_continues_the_st
     (db,) = (tmp_path / "logs").glob("*/optuna/vit_digits.db")
     study = optuna.load_study(study_name="vit_digits", storage=f"sqlite:///{db}")
     done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
-    assert len(done) == 3, [t.state for t in study.trials]
+    assert len(done) == n_trials, [t.state for t in study.trials]
     assert all(t.intermediate_values for t in done)  # each job reported to its trial: the pruner's view
     stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert stopped and all(any(d.user_attrs.get("rerun_of") == t.number and d.params == t.params for d in done)
                            for t in stopped)  # each cancelled trial ran again with its parameters
     job_ids = set(re.findall(r"job (\d+) \(#", first + text))
-    assert len(job_ids) >= 3  # every trial its own SLURM job
+    assert len(job_ids) >= n_trials  # every trial its own SLURM job
