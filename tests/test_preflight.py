@@ -143,7 +143,7 @@ def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, c
     as the run trains them (it read 1 before the plan decided the accumulation), and its estimate of the training
     and validation matches the run's time for them: within 20% on a quiet machine, and here within a third (a
     miscount of the accumulated batches is 4x). The estimate and the run are timed one after the other on a machine
-    the other test workers share: a pair that a neighbour's burst set apart is timed again, once."""
+    the other test workers share: a pair that a neighbour's burst set further apart is timed again, once."""
     from attnlab.cli.training import train
 
     caplog.set_level("INFO", logger="attnlab")
@@ -160,6 +160,6 @@ def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, c
                           tmp_path / f"real{attempt}"))
         pairs.append((predicted, TrainClock.seconds))
         print(f"\npreflight: {predicted:.1f} s; the run: {TrainClock.seconds:.1f} s")
-        if 0.8 < TrainClock.seconds / predicted < 1.2:
+        if 2 / 3 < TrainClock.seconds / predicted < 4 / 3:
             break
     assert 2 / 3 < pairs[-1][1] / pairs[-1][0] < 4 / 3, pairs
