@@ -141,8 +141,8 @@ class TrainClock(Callback):
 def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, caplog):
     """global_batch_size=256 over batches of 64 accumulates 4 batches a step: preflight counts 4 x max_steps batches,
     as the run trains them (it read 1 before the plan decided the accumulation), and its estimate of the training
-    and validation matches the run's time for them: within 20% on a quiet machine, and here within a third (a
-    miscount of the accumulated batches is 4x). The estimate and the run are timed one after the other on a machine
+    and validation matches the run's time for them: within 20% on a quiet machine, and here within 2x (the other
+    workers' load moves a 50-step timing by up to that; a miscount of the accumulated batches is 4x). The estimate and the run are timed one after the other on a machine
     the other test workers share: a pair that a neighbour's burst set further apart is timed again, once."""
     from attnlab.cli.training import train
 
@@ -160,6 +160,6 @@ def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, c
                           tmp_path / f"real{attempt}"))
         pairs.append((predicted, TrainClock.seconds))
         print(f"\npreflight: {predicted:.1f} s; the run: {TrainClock.seconds:.1f} s")
-        if 2 / 3 < TrainClock.seconds / predicted < 4 / 3:
+        if 1 / 2 < TrainClock.seconds / predicted < 2:
             break
-    assert 2 / 3 < pairs[-1][1] / pairs[-1][0] < 4 / 3, pairs
+    assert 1 / 2 < pairs[-1][1] / pairs[-1][0] < 2, pairs

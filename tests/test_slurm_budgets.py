@@ -426,8 +426,9 @@ def test_a_two_node_job_losing_the_same_node_three_times_is_requeued_twice_then_
     notes = [json.loads((sweep.run_dir / ".requeues" / n).read_text()) for n in ledger]
     assert all(n["cause"] == LOST and n["rank"] == survivor or n["cause"] == RUNNING and quiet
                for n, quiet in zip(notes, [*silent, False])), notes
-    assert all(a.get("recorded_by_rank", 0) == survivor for a in attempts if a["status"] != lineage.UNRECORDED), \
-        attempts
+    # an attempt SLURM started past the budget (after a silent third loss) fails as it sets up, recorded by rank 0
+    assert all(a.get("recorded_by_rank", 0) == (0 if n == 3 else survivor) for n, a in enumerate(attempts)
+               if a["status"] != lineage.UNRECORDED), attempts
     said = [ln for ln in log.splitlines() if "The job fails and is not requeued: " in ln]
     assert len(said) == 1 and re.search("requeued for a lost peer or node [23] times already", said[0]), log[-3000:]
     requeued = [ln for ln in out.splitlines() if f"job {job} (#0): requeued" in ln]
