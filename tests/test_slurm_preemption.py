@@ -56,8 +56,8 @@ def paced(step_s: float) -> list[str]:
     return ["+callbacks.pace._target_=pace.Pace", f"+callbacks.pace.step_s={step_s}"]
 
 
-# a surviving rank's wait for a failed peer's note, in these jobs (10 s by default): a lost node's tests wait it out
-PEER_NOTE_WAIT_S = 3
+# a surviving rank's wait for a failed peer's note (callbacks/peers.py): a lost node's tests wait it out
+PEER_NOTE_WAIT_S = 10
 
 
 class Job:
@@ -70,7 +70,6 @@ class Job:
         self.name = f"attnlab-preempt-{os.getpid()}-{name}"  # the SLURM job name: this session's own jobs
         self.env = os.environ | {
             "PYTHONUNBUFFERED": "1", "ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache"),
-            "ATTNLAB_PEER_NOTE_WAIT_S": str(PEER_NOTE_WAIT_S),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")]))}
         self.started = time.monotonic()
         self.sent: threading.Thread | None = None
