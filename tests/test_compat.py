@@ -35,6 +35,16 @@ def test_the_internals_compat_uses_exist():
                  "STARTING_VERSION", "last_model_path"):
         assert hasattr(callback, name), name
     assert compat.logs_this_step(trainer) in (True, False)
+    # redo_interrupted_validation: the validation loop's progress in a checkpoint, and Lightning's reading of it
+    checkpoint = {"loops": {"fit_loop": loop.state_dict()}}
+    progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+    assert set(progress["total"]) == set(progress["current"]) == {"ready", "started", "processed", "completed"}
+    compat.redo_interrupted_validation(checkpoint)
+    val_loop = loop.epoch_loop.val_loop
+    val_loop.batch_progress.load_state_dict(progress)
+    val_loop.restarting = True
+    val_loop.update_restart_stage()
+    assert val_loop.restarted_mid_evaluation
     assert not trainer.received_sigterm
     compat.stop_after_this_step(trainer)
     assert trainer.received_sigterm

@@ -398,45 +398,73 @@ def test_a_second_sigterm_ends_at_once_leaving_no_temporary_file_and_the_wandb_r
     assert exits == [128 + signal.SIGTERM], exits
 
 
-# a user's callback that ends the process at once (as SIGKILL would) when the second epoch's validation starts, once
-# (the marker file says it has)
-KILL_AT_VALIDATION = '''
+# a user's callback that interrupts the run once (the marker file says it has), at the last validation (after step 8):
+# `kill` ends the process at once (as SIGKILL would) as it starts; `sigterm` sends the process SIGTERM after its first
+# batch, `sigterm_after` after its end
+INTERRUPT_AT_VALIDATION = '''
 import os
+import signal
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
 
-class KillAtValidation(Callback):
-    def __init__(self, marker: str):
-        self.marker = Path(marker)
+class Interrupt(Callback):
+    def __init__(self, marker: str, how: str):
+        self.marker, self.how = Path(marker), how
+
+    def now(self, trainer, how: str, step: int) -> bool:
+        if self.how != how or trainer.sanity_checking or trainer.global_step != step or self.marker.exists():
+            return False
+        self.marker.touch()
+        return True
 
     def on_validation_start(self, trainer, pl_module):
-        if not trainer.sanity_checking and trainer.current_epoch == 1 and not self.marker.exists():
-            self.marker.touch()
+        if self.now(trainer, "kill", 8):
             os._exit(137)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self.now(trainer, "sigterm", 8):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.now(trainer, "sigterm_after", 8):
+            os.kill(os.getpid(), signal.SIGTERM)
 '''
+VALIDATED = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
+             "trainer.limit_test_batches=2", "data.num_workers=0", "callbacks.model_checkpoint.every_n_train_steps=2",
+             "extras.print_config=false", "callbacks.progress_bar=null", "callbacks.model_summary=null"]
 
 
-def test_a_run_killed_during_the_validation_after_a_step_save_validates_when_resumed(tmp_path):
-    """A step save (every_n_train_steps) falls on the epoch's last batch, and the run is killed during the
-    validation that follows: resumed, it validates that epoch, ending with the numbers of the run left alone (the
-    first epoch has a validation, so that step saves have the monitored metric)."""
-    (tmp_path / "killer.py").write_text(KILL_AT_VALIDATION)
-    env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": str(tmp_path)}
-    args = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
-            "trainer.limit_test_batches=2", "data.num_workers=0", "callbacks.model_checkpoint.every_n_train_steps=2",
-            "extras.print_config=false", "callbacks.progress_bar=null", "callbacks.model_summary=null"]
-    whole = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'whole'}", env=env)
+@pytest.fixture(scope="module")
+def validated_whole(tmp_path_factory) -> dict:
+    """The final metrics of the run the interrupted ones are compared with, left alone."""
+    tmp = tmp_path_factory.mktemp("validated")
+    whole = run_cli("train.py", *VALIDATED, f"hydra.run.dir={tmp / 'whole'}", env={"ATTNLAB_LOG_DIR": str(tmp)})
     assert whole.returncode == 0, whole.stdout[-3000:]
-    killer = ["+callbacks.killer._target_=killer.KillAtValidation", f"+callbacks.killer.marker={tmp_path / 'killed'}"]
+    return json.loads((tmp / "whole" / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("how, status, saved", [
+    ("kill", 137, 6),
+    pytest.param("sigterm", 128 + signal.SIGTERM, 8, marks=pytest.mark.slow),
+    pytest.param("sigterm_after", 128 + signal.SIGTERM, 8, marks=pytest.mark.slow)])
+def test_a_run_interrupted_at_a_validation_resumes_to_the_numbers_of_the_run_left_alone(
+        how, status, saved, validated_whole, tmp_path):
+    """Killed as the last validation starts (the last save is the step save before, the one after the last step
+    waiting for that validation), stopped by SIGTERM during the last validation (resumed, it runs that validation again whole), or after it (resumed, nothing is left to
+    train: the results are those saved): the run started again ends with the numbers of the run left alone, its
+    training metrics over whole epochs (the epoch's running ones are in the checkpoint)."""
+    (tmp_path / "interrupt.py").write_text(INTERRUPT_AT_VALIDATION)
+    env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": str(tmp_path)}
+    interrupt = ["+callbacks.interrupt._target_=interrupt.Interrupt", f"+callbacks.interrupt.how={how}",
+                 f"+callbacks.interrupt.marker={tmp_path / 'interrupted'}"]
     run_dir = tmp_path / "resumed"
-    first = run_cli("train.py", *args, *killer, f"hydra.run.dir={run_dir}", env=env)
-    assert first.returncode == 137 and (tmp_path / "killed").exists(), first.stdout[-3000:]
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
-    again = run_cli("train.py", *args, *killer, f"hydra.run.dir={run_dir}", env=env)
+    first = run_cli("train.py", *VALIDATED, *interrupt, f"hydra.run.dir={run_dir}", env=env)
+    assert first.returncode == status and (tmp_path / "interrupted").exists(), first.stdout[-3000:]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == saved
+    again = run_cli("train.py", *VALIDATED, *interrupt, f"hydra.run.dir={run_dir}", env=env)
     assert again.returncode == 0 and f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in again.stdout
     resumed = json.loads((run_dir / "metrics.json").read_text())
-    expected = json.loads((tmp_path / "whole" / "metrics.json").read_text())
-    for key in ("val/loss", "val/acc", "val/acc_best", "test/acc"):
-        assert resumed[key] == pytest.approx(expected[key], abs=1e-5), key
+    for key in ("val/loss", "val/acc", "val/acc_best", "test/acc", "train/acc", "train/loss_epoch"):
+        assert resumed[key] == pytest.approx(validated_whole[key], abs=1e-5), (key, resumed, validated_whole)

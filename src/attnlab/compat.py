@@ -51,6 +51,22 @@ def restore_loader_position(trainer) -> None:
         iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
 
 
+def redo_interrupted_validation(checkpoint: dict) -> None:
+    """Make a checkpoint saved while fit's validation was under way (a stop after one of its batches) resume that
+    validation from its first batch. As saved, Lightning resumes it past the validation (the epoch's last training
+    batch counts as done), which then never runs: a stop during the last validation would leave the run without its
+    validation metrics. The validation loop's progress is set to Lightning's own state of a save inside a
+    validation batch ("restarted mid-evaluation", whose validation Lightning runs before training on), with no
+    batch done, so the whole validation runs again."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.val_loop.batch_progress")
+    if not progress:
+        return
+    before = progress["total"]["completed"] - progress["current"]["completed"]  # the earlier validations' batches
+    progress["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
+    progress["current"] = {"ready": 0, "started": 0, "processed": 0, "completed": 0}
+    progress["is_last_batch"] = False
+
+
 def validates_after_this_batch(trainer) -> bool:
     """Whether a validation runs right after the training batch that just ended (the end of an epoch, or
     `val_check_interval`): Lightning's own decision (`_should_check_val_fx`)."""

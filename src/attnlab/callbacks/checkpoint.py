@@ -7,6 +7,9 @@
 
 - A step save (`every_n_train_steps`) at a batch a validation follows waits for the save after that validation:
   Lightning resumes a checkpoint of such a batch past the validation, which would never run.
+- A checkpoint saved while a validation of the fit is under way (a stop during it) resumes by running that
+  validation again whole: as Lightning saves it, the run would go on past it (and a stop in the last validation
+  would leave the run without validation metrics).
 - A run resumed mid-epoch uses the interrupted run's last monitored value until its first validation, so
   `every_n_train_steps` saves keep the best checkpoint an uninterrupted run would keep.
 - On a tie of the monitored metric the newer checkpoint wins: with an annealed schedule the later weights are the
@@ -28,7 +31,7 @@ from fsspec.utils import get_protocol
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from attnlab.compat import CheckpointBase
+from attnlab.compat import CheckpointBase, redo_interrupted_validation
 from attnlab.errors import UserError
 from attnlab.utils.atomic import atomic_path
 
@@ -64,6 +67,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class ModelCheckpoint(CheckpointBase):
     _trainer = None  # this class's own: the trainer its state_dict reads metrics from
     _resumed_value = None
+    _validating = False  # a validation of the fit is under way (a save now is a stop's, mid-validation)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -124,7 +128,15 @@ class ModelCheckpoint(CheckpointBase):
             + (f"Did you mean {' or '.join(close)}? " if close else "")
             + f"It logs: {', '.join(logged) or 'nothing'}. Set model.monitor to one of them.{saved}")
 
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._validating = trainer.state.fn == "fit" and not trainer.sanity_checking
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if self._validating:
+            redo_interrupted_validation(checkpoint)
+
     def on_validation_end(self, trainer, pl_module) -> None:
+        self._validating = False  # the saves from here on follow a whole validation
         if not trainer.sanity_checking:
             self._check_monitor(self.monitor_candidates(trainer), trainer)
         super().on_validation_end(trainer, pl_module)

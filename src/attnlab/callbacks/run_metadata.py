@@ -1,14 +1,15 @@
-"""Stores the run's resolved config, W&B run id and lineage in every checkpoint, so a checkpoint alone can be
-evaluated, used for prediction, resumed into the same W&B run, or traced back to the code and machine that made it;
-writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`): one record per attempt of
-the run in its folder (a SLURM job requeued, a run started again), each saying how it ended, with what the run's plan
-decided on this machine (`decided`: `{key: {asked, decided, why, on}}`, cli/plan.py)."""
+"""Stores the run's resolved config, W&B run id, lineage and last logged metrics in every checkpoint, so a checkpoint
+alone can be evaluated, used for prediction, resumed into the same W&B run, or traced back to the code and machine
+that made it; writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`): one record
+per attempt of the run in its folder (a SLURM job requeued, a run started again), each saying how it ended, with what
+the run's plan decided on this machine (`decided`: `{key: {asked, decided, why, on}}`, cli/plan.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import lightning as L
+import torch
 
 import attnlab
 from attnlab import lineage
@@ -95,4 +96,8 @@ class RunMetadata(L.Callback):
             "config": self.config,
             "wandb_run_id": wandb_run_id(trainer),
             "lineage": self.lineage,
+            # what the run had logged last: the results of a run resumed from the end of its training, which
+            # then trains and validates no more (a stop after the last validation)
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()
+                        if isinstance(v, torch.Tensor) and v.numel() == 1},
         }

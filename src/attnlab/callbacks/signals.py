@@ -145,9 +145,8 @@ class SignalGuard(Callback):
         """A warning that comes during validation is acted on after the current validation batch, not after the
         next training step (a long validation would outlast the warning's lead). Every rank runs the same number of
         validation batches (the distributed sampler pads), so they decide together here too; the loop then stops
-        (Lightning's SIGTERMException mid-evaluation). last.ckpt holds the last training step, from which the
-        requeued run goes on as Lightning resumes any checkpoint of that step: training first, the interrupted
-        validation's numbers coming with the next one."""
+        (Lightning's SIGTERMException mid-evaluation). last.ckpt holds the last training step, and the requeued
+        run runs the interrupted validation again whole before it trains on (callbacks/checkpoint.py)."""
         if not trainer.sanity_checking and trainer.state.fn == "fit":
             self.decide_together(trainer)
 

@@ -162,6 +162,10 @@ def train(cfg: DictConfig) -> float | None:
         if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
             return report.finished_already(plan, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
+    if run.train and ckpt_path and trainer.global_step == meta.get("global_step"):
+        # resumed at the end of its training (stopped after the last validation): nothing trained or validated
+        # again, the results are those the checkpoint was saved with
+        train_metrics = (meta.get("metrics") or {}) | train_metrics
 
     # ---- test the best checkpoint (or the checkpoint train=false names)
     test_metrics = {}

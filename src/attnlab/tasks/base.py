@@ -24,10 +24,20 @@ from attnlab.settings import split_optimizer
 log = logging.getLogger("attnlab")
 
 
-def _initial_loss_mean(task, state_dict, prefix, *args) -> None:
-    """A checkpoint written before the running training-loss mean was saved loads with the mean's initial state."""
-    for name, default in metric_defaults(task.train_loss_mean).items():
-        state_dict.setdefault(f"{prefix}train_loss_mean.{name}", default.clone())
+def _initial_kept_metrics(task, state_dict, prefix, *args) -> None:
+    """A checkpoint written before an epoch's running metric was kept in checkpoints (BaseTask.keep_across_resume)
+    loads with the metric's initial state."""
+    for metric in task._kept_metrics:
+        for name, default in metric_defaults(getattr(task, metric)).items():
+            state_dict.setdefault(f"{prefix}{metric}.{name}", default.clone())
+
+
+def has_values(metric) -> bool:
+    """Whether a torchmetrics metric holds anything to compute: updates of this process since its reset, or a state
+    restored from a checkpoint (which its update count does not count)."""
+    return bool(metric.update_count) or any(bool(torch.ne(getattr(metric, name), default).any())
+                                            for name, default in metric_defaults(metric).items()
+                                            if isinstance(default, torch.Tensor))
 
 
 class TokenizerInCheckpoint:
@@ -106,9 +116,17 @@ class BaseTask(L.LightningModule):
         self.best = MaxMetric() if monitor_mode == "max" else MinMetric()
         self.best.persistent(True)  # a resumed run keeps its best-so-far
         self._compiled: dict[str, Any] = {}
+        self._kept_metrics: list[str] = []
         self.train_loss_mean = DeviceMean()
-        self.train_loss_mean.persistent(True)  # a run resumed mid-epoch keeps the epoch's running mean
-        self.register_load_state_dict_pre_hook(_initial_loss_mean)
+        self.keep_across_resume("train_loss_mean")
+        self.register_load_state_dict_pre_hook(_initial_kept_metrics)
+
+    def keep_across_resume(self, name: str) -> None:
+        """Save the epoch's running metric `self.<name>` (a torchmetrics Metric over the training steps) in
+        checkpoints, so that a run resumed mid-epoch reports it over the whole epoch, not over the steps since it
+        resumed; a checkpoint from before it was kept loads with the metric's initial state."""
+        getattr(self, name).persistent(True)
+        self._kept_metrics.append(name)
 
     # ---- the (optionally compiled) training loss and network
     def training_loss(self, *batch: Any) -> Any:
@@ -144,7 +162,7 @@ class BaseTask(L.LightningModule):
                      prog_bar=True, batch_size=batch_size)
 
     def on_train_epoch_end(self) -> None:
-        if self.train_loss_mean.update_count:
+        if has_values(self.train_loss_mean):  # (an attempt resumed after the epoch's last step has no update)
             self.log("train/loss_epoch", self.train_loss_mean.compute())  # computed over all processes
         self.train_loss_mean.reset()
 

@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.errors import UserError
 from attnlab.nn.registry import create_network
-from attnlab.tasks.base import BaseTask
+from attnlab.tasks.base import BaseTask, has_values
 from attnlab.utils.media import log_table, samples_wanted, to_display
 from attnlab.types import Fraction
 
@@ -64,6 +64,7 @@ class ImageClassifier(BaseTask):
         top5 = min(5, num_classes)
         # no input validation while training: it reads values on the host every step
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.keep_across_resume("train_acc")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -109,7 +110,8 @@ class ImageClassifier(BaseTask):
 
     def on_train_epoch_end(self):
         super().on_train_epoch_end()
-        self.log("train/acc", self.train_acc.compute(), sync_dist=True)
+        if has_values(self.train_acc):
+            self.log("train/acc", self.train_acc.compute(), sync_dist=True)
         self.train_acc.reset()
 
     def _eval_step(self, batch, stage: str):
