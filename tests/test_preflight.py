@@ -142,16 +142,17 @@ def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, c
     """global_batch_size=256 over batches of 64 accumulates 4 batches a step: preflight counts 4 x max_steps batches,
     as the run trains them (it read 1 before the plan decided the accumulation), and its estimate of the training
     and validation matches the run's time for them: within 20% on a quiet machine, and here within 2x (the other
-    workers' load moves a 50-step timing by up to that; a miscount of the accumulated batches is 4x). The estimate and the run are timed one after the other on a machine
-    the other test workers share: a pair that a neighbour's burst set further apart is timed again, once."""
+    workers' load moves a 25-step timing by up to that; a miscount of the accumulated batches is 4x). The estimate
+    and the run are timed one after the other on a machine the other test workers share: a pair that a neighbour's
+    burst set further apart is timed again, once."""
     from attnlab.cli.training import train
 
     caplog.set_level("INFO", logger="attnlab")
-    steps = ["global_batch_size=256", "data.batch_size=64", "trainer.max_steps=150", "test=false"]
+    steps = ["global_batch_size=256", "data.batch_size=64", "trainer.max_steps=80", "test=false"]
     pairs = []
     for attempt in range(2):
         caplog.clear()
-        train(compose_cfg(["preflight=true", "preflight_steps=50", *steps, *QUICK], tmp_path / f"pre{attempt}"))
+        train(compose_cfg(["preflight=true", "preflight_steps=25", *steps, *QUICK], tmp_path / f"pre{attempt}"))
         m = re.search(r"the configured run  ≈ [\d.]+ (?:s|min) \(([\d.]+) (s|min) training(?: \+ ([\d.]+) (s|min) "
                       r"validation)?", caplog.text)
         assert m, caplog.text[-2000:]
