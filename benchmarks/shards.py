@@ -18,6 +18,7 @@ same work for both (the folder's own reading through file_transforms.py is left 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -110,12 +111,19 @@ def one_epoch(kind: str, root: Path, args) -> dict:
 def child(kind: str, args, strace: Path | None = None) -> dict:
     argv = [sys.executable, __file__, "--child", kind, "--root", str(args.root), "--workers", str(args.workers),
             "--batch", str(args.batch), "--pipeline", args.pipeline]
-    if strace is not None:
-        argv = ["strace", "-f", "-qq", "-e", "trace=openat,open", "-o", str(strace), *argv]
+    if strace is not None:  # stopping at the traced calls alone where the kernel filters them (seccomp-bpf)
+        argv = ["strace", "-f", "-qq", *_seccomp(), "-e", "trace=openat,open", "-o", str(strace), *argv]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{kind} ({args.pipeline}) failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def _seccomp() -> list[str]:
+    probe = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=openat", "-o", os.devnull, "true"],
+                           capture_output=True)
+    return ["--seccomp-bpf"] if probe.returncode == 0 else []
 
 
 def opens(kind: str, args) -> int | None:
