@@ -50,8 +50,13 @@ def slurm(*argv: str, check: bool = True, timeout: float = 60, **kwargs) -> subp
 
 def start_daemon(*argv: str) -> None:
     """A daemon of the cluster started again (slurmd -N <node>, slurmctld), at the priority tools/slurm-cluster.sh
-    starts them at, the machine's normal one, whatever the test process's own (`make test` runs it lower)."""
-    subprocess.run(["nice", "-n", str(-os.nice(0)), *argv], check=True)
+    starts them at, the machine's normal one, whatever the test process's own (`make test` runs it lower), and a
+    node with the view of the machine's CPUs the script gave it (its topology: the second node's CPUs in the reverse
+    order)."""
+    env = os.environ.copy()
+    if argv[:2] == ("slurmd", "-N") and (topology := Path(f"/var/lib/slurm/topology-{argv[2]}.xml")).is_file():
+        env |= {"HWLOC_XMLFILE": str(topology), "HWLOC_THISSYSTEM": "1"}
+    subprocess.run(["nice", "-n", str(-os.nice(0)), *argv], check=True, env=env)
 
 
 @dataclass

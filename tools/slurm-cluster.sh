@@ -376,6 +376,30 @@ nodes_idle() {
   done
 }
 
+# `slurmd -N <node>`'s environment (NAME=value words): the node's own topology where it has one (node_topology)
+node_env() {
+  local topology="$STATE/topology-$1.xml"
+  [ -s "$topology" ] && echo "HWLOC_XMLFILE=$topology HWLOC_THISSYSTEM=1"
+  return 0
+}
+
+# the first node's view of the machine (hwloc's XML, written by its slurmd as it starts) with its processing units
+# in the reverse order: SLURM's CPU i of this node is the machine's CPU (n-1-i)
+node_topology() {
+  local whole="$STATE/slurmd-${NODES[0]}/hwloc_topo_whole.xml" topology="$STATE/topology-$1.xml"
+  rm -f "$topology"
+  [ -s "$whole" ] || return 0
+  python3 - "$whole" "$topology" <<'PY' || rm -f "$topology"
+import re
+import sys
+
+pu = re.compile(r'(<object type="PU" os_index=")(\d+)(")')
+text = open(sys.argv[1]).read()
+order = iter([m[2] for m in pu.finditer(text)][::-1])
+open(sys.argv[2], "w").write(pu.sub(lambda m: m[1] + next(order) + m[3], text))
+PY
+}
+
 start_slurm() {
   install -d -o slurm -g slurm -m 755 "$RUN" "$LOGS" "$STATE" "$STATE/slurmctld"
   local node
@@ -385,10 +409,16 @@ start_slurm() {
   say "starting slurmctld"
   slurmctld </dev/null >/dev/null 2>&1 9>&- || die 1 "slurmctld did not start: see $LOGS/slurmctld.log"
   wait_for 30 slurmctld scontrol ping || die 1 "slurmctld does not answer: see $LOGS/slurmctld.log"
-  for node in "${NODES[@]}"; do
+  local i
+  for i in "${!NODES[@]}"; do
+    node=${NODES[$i]}
     say "starting slurmd -N $node"
-    slurmd -N "$node" </dev/null >/dev/null 2>&1 9>&- \
+    # the nodes after the first see the machine's CPUs in the reverse order (a topology of their own, read through
+    # hwloc's HWLOC_XMLFILE), so that one task per node lands on another core of this host, as on two machines
+    [ "$i" -gt 0 ] && node_topology "$node"
+    env $(node_env "$node") slurmd -N "$node" </dev/null >/dev/null 2>&1 9>&- \
       || die 1 "slurmd -N $node did not start: see $LOGS/slurmd-$node.log"
+    [ "$i" -gt 0 ] || wait_for 10 "the machine's topology" test -s "$STATE/slurmd-$node/hwloc_topo_whole.xml" || true
   done
   if ! wait_for 10 nodes nodes_idle; then
     # a node drained or down from an earlier run: back to service
