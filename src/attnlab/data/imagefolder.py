@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.data.base import split_by_fraction
+from attnlab.data.device_decode import DeviceDecoder, EncodedFile, check_decode, check_device, collate
 from attnlab.data.images import FileImages, ImageDataModule, Transformed, scan_class_folders
 from attnlab.errors import UserError
 
@@ -18,14 +19,18 @@ def find_split_dirs(root: Path) -> dict[str, Path]:
 
 class ImageFolderDataModule(ImageDataModule):
     """`format: folder` reads the image files; `format: shards` the LitData shards that `python -m
-    attnlab.data.prepare shards` made of them, at `root` (a folder or a URL: shard_loader.py)."""
+    attnlab.data.prepare shards` made of them, at `root` (a folder or a URL: shard_loader.py). `decode: gpu` decodes
+    the JPEG files on the GPU instead of in the loader workers (device_decode.py)."""
 
-    def __init__(self, root: str = "data/images", format: str = "folder", **kwargs: Any):
+    def __init__(self, root: str = "data/images", format: str = "folder", decode: str = "cpu", **kwargs: Any):
         super().__init__(**kwargs)
         self.root, self.format, self.shards = Path(root), format, None
         if format not in ("folder", "shards"):
             raise UserError(f"data.format={format} is not known: use folder (the image files) or shards (LitData "
                             "shards made by `python -m attnlab.data.prepare shards`).")
+        check_decode(decode, self.augment, format)
+        self.decode = decode
+        self.device_decoder = DeviceDecoder(self.image_size, self.channels, self.augment) if decode == "gpu" else None
         if format == "shards":
             from attnlab.data.shard_loader import ShardSplits
 
@@ -78,8 +83,12 @@ class ImageFolderDataModule(ImageDataModule):
 
     def before_loader(self) -> None:
         """The files that cannot be read are listed in the run folder: the trainer's once one holds the data module,
-        before that (the memory estimate's first batch) the Hydra run's."""
+        before that (the memory estimate's first batch) the Hydra run's. decode=gpu needs the trainer's device to be
+        a GPU."""
         from attnlab.utils.media import hydra_run_dir, run_dir
+
+        if self.device_decoder is not None and self.trainer is not None:
+            check_device(self.trainer.strategy.root_device)
 
         report_dir = run_dir(self.trainer) if self.trainer is not None else hydra_run_dir()
         for images in getattr(self, "_file_sets", []):
@@ -119,3 +128,25 @@ class ImageFolderDataModule(ImageDataModule):
         if self.shards is not None:
             return self.shards.train_loader(self)
         return super().train_dataloader()
+
+    # ---- decode=gpu: the workers read the files, the device decodes and crops them
+    def train_transform(self):
+        return EncodedFile() if self.device_decoder is not None else super().train_transform()
+
+    def eval_transform(self):
+        return EncodedFile() if self.device_decoder is not None else super().eval_transform()
+
+    def collate_fn(self, train: bool):
+        return collate if self.device_decoder is not None else super().collate_fn(train)
+
+    def transfer_batch_to_device(self, batch: Any, device, dataloader_idx: int) -> Any:
+        if self.device_decoder is not None and isinstance(batch, (tuple, list)) and isinstance(batch[0], list):
+            images, *rest = batch
+            return [self.device_decoder.to_device(images, device), *(t.to(device) for t in rest)]
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.device_decoder is not None and isinstance(batch, (tuple, list)) and isinstance(batch[0], list):
+            train = self.trainer is not None and self.trainer.training
+            batch = [self.device_decoder(batch[0], train), *batch[1:]]                 # (B, C, S, S) uint8
+        return super().on_after_batch_transfer(batch, dataloader_idx)

@@ -1,0 +1,153 @@
+"""`data.decode=gpu`: the JPEGs are decoded on the GPU (nvJPEG, through `torchvision.io.decode_jpeg`), and cropped,
+flipped and resized there, instead of in the loader workers.
+
+- In the loader workers (`EncodedFile`): each file is read, and its header parsed; a JPEG in the run's colour mode
+  (RGB, or grayscale for `channels: 1`) goes on as its bytes, a 1-D uint8 tensor; anything else (a PNG named
+  `.JPEG`, a CMYK JPEG: ImageNet has both) is decoded there by Pillow, to a uint8 (C, H, W) tensor. A batch is the
+  list of these and the labels (`collate`).
+- Onto the device (`DeviceDecoder.to_device`, the data module's `transfer_batch_to_device`): the batch's JPEGs are
+  decoded in one call straight onto the device (the compressed bytes cross PCIe, a tenth of the pixels).
+- On the device (`DeviceDecoder.__call__`, from `on_after_batch_transfer`): in training, timm's RandomResizedCrop
+  (the same draws: `augment.scale`, `augment.ratio`, 10 tries then the centre crop), the crop resized to
+  `image_size` with antialiased bicubic (or bilinear, `augment.interpolation`) interpolation, and the flip
+  (`augment.hflip`); in evaluation, the shorter side resized to `image_size / crop_pct` and the centre crop. The
+  uint8 (B, C, S, S) batch then goes to the normalization and random erasing of every image batch
+  (`BatchNormalizer`).
+
+RandAugment, AutoAugment, AugMix and colour jitter are timm's operations on PIL images: with decode=gpu they are
+refused, not left out silently (`augment.auto_augment=null` to run without them, or decode=cpu).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from attnlab.errors import UserError
+
+DECODES = ("cpu", "gpu")
+_ON_PIL_IMAGES = ("auto_augment", "color_jitter", "vflip", "aug_mix")  # timm's, in the workers only
+
+
+def check_decode(decode: str, augment: dict[str, Any], data_format: str) -> None:
+    """Refuse what data.decode=gpu cannot do, in one paragraph each."""
+    if decode not in DECODES:
+        raise UserError(f"data.decode={decode} is not known: use cpu (decoded in the loader workers) or gpu (JPEGs "
+                        "decoded on the GPU with nvJPEG).")
+    if decode != "gpu":
+        return
+    if data_format != "folder":
+        raise UserError(f"data.decode=gpu reads image files (data.format=folder); data.format={data_format} is "
+                        "decoded in the loader workers: set data.decode=cpu with it.")
+    on_pil = [k for k in _ON_PIL_IMAGES if augment.get(k) not in (None, 0, 0.0, False, "")]
+    if on_pil:
+        shown = ", ".join(f"augment.{k}={augment[k]}" for k in on_pil)
+        raise UserError(
+            f"data.decode=gpu decodes, crops, flips and resizes the images on the GPU, but {shown} "
+            f"{'is' if len(on_pil) == 1 else 'are'} timm's operations on decoded PIL images in the loader workers. "
+            f"Set {' '.join(f'data.augment.{k}=null' for k in on_pil)} to train without "
+            f"{'it' if len(on_pil) == 1 else 'them'} on the GPU path, or data.decode=cpu to keep the recipe.")
+
+
+def check_device(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise UserError(f"data.decode=gpu decodes the JPEGs with nvJPEG on a CUDA GPU, and this run's device is "
+                        f"{device.type}: set data.decode=cpu (or run on a GPU, trainer=gpu).")
+
+
+class EncodedFile:
+    """The loader workers' part of decode=gpu: a file's JPEG bytes as a 1-D uint8 tensor, or (not a JPEG, or a JPEG
+    in another colour mode) its pixels decoded by Pillow as a uint8 (C, H, W) tensor. `FileImages` calls
+    `from_path` (and turns Pillow's errors into its paragraph on unreadable files)."""
+
+    def from_path(self, path: str, mode: str = "RGB") -> torch.Tensor:
+        with open(path, "rb") as f:
+            data = f.read()
+        with Image.open(io.BytesIO(data)) as img:  # the header only
+            if img.format == "JPEG" and img.mode == mode:
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8)             # (N,) the file's bytes
+            arr = np.asarray(img.convert(mode))
+        arr = arr[..., None] if arr.ndim == 2 else arr
+        return torch.from_numpy(np.array(arr)).permute(2, 0, 1)                         # (C, H, W) uint8
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:  # an image already decoded (not from a file)
+        arr = np.array(img)
+        arr = arr[..., None] if arr.ndim == 2 else arr
+        return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+def collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """[(encoded or decoded image, label)] -> (the images as a list, their sizes differ; labels (B,))."""
+    images, labels = zip(*samples)
+    return list(images), torch.tensor(labels, dtype=torch.long)
+
+
+class DeviceDecoder:
+    """The device's part of decode=gpu: see the module's docstring."""
+
+    def __init__(self, image_size: int, channels: int, augment: dict[str, Any] | None):
+        augment = augment or {}
+        self.size, self.channels = int(image_size), int(channels)
+        self.scale = tuple(augment.get("scale") or (0.08, 1.0))
+        self.ratio = tuple(augment.get("ratio") or (3 / 4, 4 / 3))
+        self.hflip = float(augment.get("hflip", 0.5) or 0.0)
+        self.interpolation = "bilinear" if augment.get("interpolation") == "bilinear" else "bicubic"
+        crop_pct = augment.get("crop_pct") or (1.0 if self.size <= 64 else 0.875)
+        self.resize = math.floor(self.size / crop_pct)
+
+    # ---- onto the device
+    def to_device(self, images: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        """The batch's JPEGs decoded onto `device` in one call (their bytes on the host, as torchvision asks), the
+        images the workers decoded copied there."""
+        out = [x.to(device, non_blocking=True) if x.dim() == 3 else x for x in images]
+        encoded = [i for i, x in enumerate(images) if x.dim() == 1]
+        if encoded:
+            from torchvision.io import ImageReadMode, decode_jpeg
+
+            mode = ImageReadMode.GRAY if self.channels == 1 else ImageReadMode.RGB
+            decoded = decode_jpeg([images[i].cpu() for i in encoded], mode=mode, device=device)
+            for i, x in zip(encoded, decoded):
+                out[i] = x                                                               # (C, H, W) uint8
+        return out
+
+    # ---- on the device
+    def __call__(self, images: list[torch.Tensor], train: bool) -> torch.Tensor:
+        """Decoded (C, H, W) uint8 images (any left encoded are decoded where they are) -> (B, C, S, S) uint8."""
+        if any(x.dim() == 1 for x in images):
+            images = self.to_device(images, images[0].device)
+        one = self.train_crop if train else self.eval_crop
+        return torch.stack([one(x) for x in images])
+
+    def crop_box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """timm's RandomResizedCrop draw for an image of h x w: (top, left, height, width)."""
+        from timm.data.transforms import RandomResizedCropAndInterpolation
+
+        like = torch.empty((), dtype=torch.uint8).expand(h, w)  # its size is all the draw reads
+        return RandomResizedCropAndInterpolation.get_params(like, self.scale, self.ratio)
+
+    def train_crop(self, x: torch.Tensor) -> torch.Tensor:
+        top, left, ch, cw = self.crop_box(*x.shape[-2:])
+        out = self._resize(x[:, top:top + ch, left:left + cw], (self.size, self.size))
+        return out.flip(-1) if self.hflip and torch.rand(1).item() < self.hflip else out  # as torchvision draws
+
+    def eval_crop(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[-2:]
+        if min(h, w) != self.resize:  # the shorter side to `resize`, the longer one as torchvision's Resize gives it
+            size = (self.resize, int(self.resize * w / h)) if h <= w else (int(self.resize * h / w), self.resize)
+            x = self._resize(x, size)
+        h, w = x.shape[-2:]
+        top, left = int(round((h - self.size) / 2)), int(round((w - self.size) / 2))
+        return x[:, top:top + self.size, left:left + self.size]
+
+    def _resize(self, x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """(C, h, w) uint8 -> (C, *size) uint8, antialiased when it shrinks, rounded as Pillow rounds."""
+        if tuple(x.shape[-2:]) == size:
+            return x.contiguous()
+        y = F.interpolate(x[None].float(), size=size, mode=self.interpolation, align_corners=False, antialias=True)
+        return y[0].round_().clamp_(0, 255).to(torch.uint8)
