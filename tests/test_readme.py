@@ -64,6 +64,7 @@ BENCHMARK_BUDGET = {
     "optuna_pruning.py": ["--out", "{cwd}/benchmark", "--epochs", "2", "--smoke", "trainer.limit_train_batches=8",
                           "trainer.limit_val_batches=2", "trainer.limit_test_batches=1"],
     "gpt2_gpu.py": [],      # [GPU] only
+    "gpu_decode.py": [],    # [GPU] only
     "vision_gpu.py": ["--images", "24"],
     "imagenet_loader.py": ["--images", "24", "--batch", "4", "--workers", "0", "--rounds", "1",
                            "--root", "{cwd}/loader_benchmark"],
