@@ -72,6 +72,8 @@ class Job:
             "PYTHONUNBUFFERED": "1", "ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")]))}
         self.started = time.monotonic()
+        # sacct's window opens at this day's midnight unless told: a job submitted before it is found from here
+        self.since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
         self.sent: threading.Thread | None = None
         self.failed: str | None = None
 
@@ -79,7 +81,7 @@ class Job:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ids = slurm("squeue", "-h", "-n", self.name, "-o", "%i").stdout.split() or \
-                slurm("sacct", "-n", "-X", f"--name={self.name}", "-o", "JobID").stdout.split()
+                slurm("sacct", "-n", "-X", "-S", self.since, f"--name={self.name}", "-o", "JobID").stdout.split()
             if ids:
                 return ids[0]
             time.sleep(0.5)
