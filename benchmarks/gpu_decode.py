@@ -8,10 +8,12 @@ Both sides apply the same recipe, Swin-T's without what runs on PIL images only 
 RandomResizedCrop 224 (scale 0.08-1, bicubic), horizontal flip, then normalization and random erasing (0.25, `pixel`)
 on the GPU. `cpu`: the loader workers decode, crop, flip and resize (Pillow), a uint8 batch crosses PCIe;
 `gpu`: the workers read the files' bytes, the batch's JPEGs are decoded by nvJPEG onto the GPU in one call, cropped,
-resized and flipped there. Each timing is one epoch, from its first batch to its last, after a warm-up epoch; the
-loader's workers are persistent. `loader`: each batch into a trivial step (its mean read once); `swin-t`: each batch
-into Swin-T's training step (timm's swin_tiny_patch4_window7_224, bf16 autocast, channels-last, fused AdamW). `model`:
-Swin-T's step on one batch already on the GPU, the rate the loader must keep up with.
+resized and flipped there, as the step takes each batch (`data.decode_ahead=0`); `gpu, 2 ahead`: the same, two
+batches ahead of the step on a thread and a CUDA stream of their own (`data.decode_ahead=2`, the default). Each
+timing is one epoch, from its first batch to its last, after a warm-up epoch; the loader's workers are persistent.
+`loader`: each batch into a trivial step (its mean read once); `swin-t`: each batch into Swin-T's training step
+(timm's swin_tiny_patch4_window7_224, bf16 autocast, channels-last, fused AdamW). `model`: Swin-T's step on one
+batch already on the GPU, the rate the loader must keep up with.
 """
 
 from __future__ import annotations
@@ -35,16 +37,23 @@ RECIPE = {"scale": [0.08, 1.0], "hflip": 0.5, "auto_augment": None, "interpolati
           "re_mode": "pixel", "re_count": 1, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
-def data_module(root: Path, decode: str, args):
+# the sides: data.decode, data.decode_ahead
+SIDES = {"cpu": ("cpu", 0), "gpu": ("gpu", 0), "gpu, 2 ahead": ("gpu", 2)}
+
+
+def data_module(root: Path, side: str, args):
     from attnlab.data.imagefolder import ImageFolderDataModule
 
-    dm = ImageFolderDataModule(root=str(root), decode=decode, augment=RECIPE, image_size=224, val_fraction=0.02,
-                               test_fraction=0.0, batch_size=args.batch, num_workers=args.workers, pin_memory=True,
-                               seed=0)
+    decode, ahead = SIDES[side]
+    dm = ImageFolderDataModule(root=str(root), decode=decode, decode_ahead=ahead, augment=RECIPE, image_size=224,
+                               val_fraction=0.02, test_fraction=0.0, batch_size=args.batch, num_workers=args.workers,
+                               pin_memory=True, seed=0)
     dm.setup("fit")
     loader = dm.train_dataloader()
     dm.trainer = SimpleNamespace(training=True)  # on_after_batch_transfer: training's crop and erasing
     device = torch.device("cuda")
+    if ahead:
+        dm.decode_ahead_on(loader, device)  # as train_dataloader() does under a trainer on a GPU
 
     def batches(epoch: int):
         loader.sampler.set_epoch(epoch)
@@ -122,19 +131,19 @@ def main() -> None:
     root = make_tree(args.root, args.images)
     diff = same_as_on_the_cpu(root)
     print(f"nvJPEG against libjpeg-turbo, the same evaluation crops: {diff:.2f} levels apart on average")
-    sides = {decode: data_module(root, decode, args) for decode in ("cpu", "gpu")}
+    sides = {side: data_module(root, side, args) for side in SIDES}
     step, model_rate = swin_step(args.batch)
     rates: dict[str, dict[str, list[float]]] = {d: {"loader": [], "swin-t": []} for d in sides}
-    for decode, batches in sides.items():  # warm-up: the workers started, cuDNN and nvJPEG initialized
+    for side, batches in sides.items():  # warm-up: the workers started, cuDNN and nvJPEG initialized
         timed_epoch(batches, 0, step)
     for r in range(args.rounds):
-        for decode in (("cpu", "gpu") if r % 2 == 0 else ("gpu", "cpu")):
+        for side in (list(SIDES) if r % 2 == 0 else list(reversed(SIDES))):
             for kind in ("loader", "swin-t"):
-                rates[decode][kind].append(timed_epoch(sides[decode], 1 + r, None if kind == "loader" else step))
+                rates[side][kind].append(timed_epoch(sides[side], 1 + r, None if kind == "loader" else step))
     gpu = torch.cuda.get_device_name()
     print(f"\n{args.images} JPEGs (500x375), {args.workers} workers, batch {args.batch}, {args.rounds} rounds "
           f"alternated; {gpu}, {machine()}; Swin-T's step alone: {model_rate:.0f} images/s")
-    print("| data.decode | loader, images/s | feeding Swin-T, images/s | Swin-T kept fed |")
+    print("| data.decode, decode_ahead | loader, images/s | feeding Swin-T, images/s | Swin-T kept fed |")
     print("|---|---:|---:|---|")
     for decode, r in rates.items():
         loader, fed = statistics.median(r["loader"]), statistics.median(r["swin-t"])
@@ -143,10 +152,12 @@ def main() -> None:
               f"({fed / model_rate:.0%}) |")
     ratio = statistics.median(g / c for g, c in zip(rates["gpu"]["loader"], rates["cpu"]["loader"]))
     print(f"gpu / cpu, loader alone, median of the rounds' ratios: {ratio:.2f}")
+    fed = statistics.median(g / c for g, c in zip(rates["gpu, 2 ahead"]["swin-t"], rates["cpu"]["swin-t"]))
+    print(f"gpu 2 ahead / cpu, feeding Swin-T, median of the rounds' ratios: {fed:.2f}")
     if args.out:
         args.out.write_text(json.dumps({"gpu": gpu, "machine": machine(), "model_images_per_s": model_rate,
                                         "gpu_vs_cpu_decode_levels": diff,
-                                        "rates": rates, "ratio": ratio, "args": {k: str(v) for k, v in
+                                        "rates": rates, "ratio": ratio, "fed_ratio": fed, "args": {k: str(v) for k, v in
                                                                                vars(args).items()}}, indent=1))
 
 

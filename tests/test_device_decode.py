@@ -5,6 +5,7 @@ and the refusals. The GPU itself is measured by benchmarks/gpu_decode.py (docs/b
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,72 @@ def test_decode_gpu_on_a_run_without_a_gpu_is_refused_before_its_loaders(tmp_pat
     dm.trainer = type("T", (), {"strategy": type("S", (), {"root_device": torch.device("cpu")})()})()
     with pytest.raises(UserError, match="set data.decode=cpu"):
         dm.before_loader()
+
+
+def _tree(root: Path, per_class: int = 6) -> Path:
+    for i in range(per_class):
+        for c in ("a", "b"):
+            (root / "train" / c).mkdir(parents=True, exist_ok=True)
+            _photo(root / "train" / c / f"{i}.JPEG", (64, 48), i + (c == "b") * 100)
+    return root
+
+
+def _ahead_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "attnlab-decode-ahead"]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_batches_decoded_ahead_reach_the_step_in_order_and_count_as_the_step_takes_them(tmp_path, workers):
+    """data.decode_ahead=2: the training batches come decoded and cropped, (B, 3, S, S) uint8 with their labels, in
+    the sampler's order (the same labels as each batch decoded as the step takes it); the loader's saved position
+    is the batches the step took, not the ones decoded ahead; an epoch left part-way stops its thread, and the next
+    epoch starts again from its first batch."""
+    dm = ImageFolderDataModule(root=str(_tree(tmp_path)), decode="gpu", decode_ahead=2, augment=AUGMENT,
+                               image_size=32, batch_size=2, num_workers=workers, val_fraction=0.0, test_fraction=0.0)
+    dm.setup("fit")
+    inline = [labels.tolist() for _, labels in dm.train_dataloader()]
+    loader = dm.train_dataloader()
+    dm.decode_ahead_on(loader, torch.device("cpu"))
+    taken = []
+    for x, labels in loader:
+        assert x.shape == (2, 3, 32, 32) and x.dtype == torch.uint8
+        taken.append(labels.tolist())
+    assert taken == inline and len(taken) == 6
+    for n, (x, labels) in enumerate(loader):
+        if n == 1:
+            break
+    time.sleep(0.5)  # the thread has filled its queue: 2 batches ahead of the 2 taken
+    assert loader.state_dict()["batches"] == 2
+    again = [labels.tolist() for _, labels in loader]  # the thread of the epoch left part-way stopped first
+    assert again == inline and not _ahead_threads()
+
+
+def test_an_error_while_decoding_ahead_reaches_the_step_and_the_thread_ends(tmp_path, monkeypatch):
+    dm = ImageFolderDataModule(root=str(_tree(tmp_path)), decode="gpu", augment=AUGMENT, image_size=32, batch_size=2,
+                               num_workers=0, val_fraction=0.0, test_fraction=0.0)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    dm.decode_ahead_on(loader, torch.device("cpu"))
+    decoded, to_device = [], dm.device_decoder.to_device
+
+    def third_fails(images, device):
+        if len(decoded) == 2:
+            raise ValueError("a broken batch")
+        decoded.append(1)
+        return to_device(images, device)
+
+    monkeypatch.setattr(dm.device_decoder, "to_device", third_fails)
+    it = iter(loader)
+    next(it), next(it)
+    with pytest.raises(ValueError, match="a broken batch"):
+        next(it)
+    assert not _ahead_threads()
+
+
+def test_decode_ahead_is_a_number_of_batches():
+    with pytest.raises(UserError, match=r"data.decode_ahead=-1 is not a number of batches") as e:
+        check_decode("gpu", {}, "folder", -1)
+    assert "\n" not in str(e.value)
+    check_decode("gpu", {}, "folder", 0)

@@ -7,6 +7,9 @@ flipped and resized there, instead of in the loader workers.
   list of these and the labels (`collate`).
 - Onto the device (`DeviceDecoder.to_device`, the data module's `transfer_batch_to_device`): the batch's JPEGs are
   decoded in one call straight onto the device (the compressed bytes cross PCIe, a tenth of the pixels).
+- Ahead of the step (`DecodeAhead`, `data.decode_ahead` batches, training only): the two steps above run on a
+  thread and a CUDA stream of their own, so that nvJPEG's host part and the crops' kernel launches overlap the
+  model's step instead of coming before it; the step's stream waits on each batch's event, nothing else waits.
 - On the device (`DeviceDecoder.__call__`, from `on_after_batch_transfer`): in training, timm's RandomResizedCrop
   (the same draws: `augment.scale`, `augment.ratio`, 10 tries then the centre crop), the crop resized to
   `image_size` with antialiased bicubic (or bilinear, `augment.interpolation`) interpolation, and the flip
@@ -20,8 +23,12 @@ refused, not left out silently (`augment.auto_augment=null` to run without them,
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -35,11 +42,15 @@ DECODES = ("cpu", "gpu")
 _ON_PIL_IMAGES = ("auto_augment", "color_jitter", "vflip", "aug_mix")  # timm's, in the workers only
 
 
-def check_decode(decode: str, augment: dict[str, Any], data_format: str) -> None:
+def check_decode(decode: str, augment: dict[str, Any], data_format: str, ahead: int = 0) -> None:
     """Refuse what data.decode=gpu cannot do, in one paragraph each."""
     if decode not in DECODES:
         raise UserError(f"data.decode={decode} is not known: use cpu (decoded in the loader workers) or gpu (JPEGs "
                         "decoded on the GPU with nvJPEG).")
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+        raise UserError(f"data.decode_ahead={ahead!r} is not a number of batches: set it to 0 (data.decode=gpu "
+                        "decodes each batch as the step takes it) or more (that many batches decoded ahead of the "
+                        "step, each holding its images on the GPU).")
     if decode != "gpu":
         return
     if data_format != "folder":
@@ -151,3 +162,87 @@ class DeviceDecoder:
             return x.contiguous()
         y = F.interpolate(x[None].float(), size=size, mode=self.interpolation, align_corners=False, antialias=True)
         return y[0].round_().clamp_(0, 255).to(torch.uint8)
+
+
+class DecodeAhead:
+    """Training batches decoded and cropped `depth` batches ahead of the step (see the module's docstring): the
+    `ahead` stage of the training loader (samplers.ResumableDataLoader), which counts a batch as the step takes it.
+    One epoch's thread at a time: the previous one is stopped before the workers' iterator starts again. An error
+    in the loader or the decoding is raised to the step, where it would have been raised without the thread."""
+
+    _END = object()
+
+    def __init__(self, decoder: DeviceDecoder, device: torch.device, depth: int = 2):
+        self.decoder, self.device, self.depth = decoder, torch.device(device), int(depth)
+        self._running: tuple[threading.Thread, threading.Event, queue.Queue] | None = None
+
+    def __call__(self, start: Callable[[], Iterator]) -> Iterator[list]:
+        self.stop()
+        q: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        on_cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if on_cuda else None
+        thread = threading.Thread(target=self._work, args=(start(), q, stop, stream), daemon=True,
+                                  name="attnlab-decode-ahead")
+        self._running = (thread, stop, q)
+        thread.start()
+        return self._taken(q, thread)
+
+    def _work(self, batches: Iterator, q: queue.Queue, stop: threading.Event, stream) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                with contextlib.suppress(queue.Full):
+                    q.put(item, timeout=0.1)
+                    return True
+            return False
+
+        on_cuda = stream is not None
+        try:
+            with (torch.cuda.device(self.device) if on_cuda else contextlib.nullcontext()), \
+                    (torch.cuda.stream(stream) if on_cuda else contextlib.nullcontext()):
+                for images, *rest in batches:
+                    if stop.is_set():
+                        return
+                    x = self.decoder(self.decoder.to_device(images, self.device), train=True)   # (B, C, S, S)
+                    rest = [t.to(self.device, non_blocking=True) for t in rest]
+                    ready = None
+                    if on_cuda:
+                        ready = torch.cuda.Event()
+                        ready.record(stream)
+                    if not put((x, rest, ready)):
+                        return
+        except BaseException as e:  # noqa: BLE001 (raised again in the step's thread)
+            put(e)
+        else:
+            put(self._END)
+
+    def _taken(self, q: queue.Queue, thread: threading.Thread) -> Iterator[list]:
+        try:
+            while True:
+                item = q.get()
+                if item is self._END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                x, rest, ready = item
+                if ready is not None:  # the step's stream waits for the batch; its memory stays the step's
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(ready)
+                    for t in (x, *rest):
+                        t.record_stream(current)
+                yield [x, *rest]
+        finally:
+            if self._running is not None and self._running[0] is thread:
+                self.stop()
+
+    def stop(self) -> None:
+        """Stop the running epoch's thread (a step that took fewer batches than the epoch has) and wait for it."""
+        if self._running is None:
+            return
+        thread, stop, q = self._running
+        self._running = None
+        stop.set()
+        while thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.1)
+        thread.join()

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.data.base import split_by_fraction
-from attnlab.data.device_decode import DeviceDecoder, EncodedFile, check_decode, check_device, collate
+from attnlab.data.device_decode import DecodeAhead, DeviceDecoder, EncodedFile, check_decode, check_device, collate
 from attnlab.data.images import FileImages, ImageDataModule, Transformed, scan_class_folders
 from attnlab.errors import UserError
 
@@ -20,16 +20,18 @@ def find_split_dirs(root: Path) -> dict[str, Path]:
 class ImageFolderDataModule(ImageDataModule):
     """`format: folder` reads the image files; `format: shards` the LitData shards that `python -m
     attnlab.data.prepare shards` made of them, at `root` (a folder or a URL: shard_loader.py). `decode: gpu` decodes
-    the JPEG files on the GPU instead of in the loader workers (device_decode.py)."""
+    the JPEG files on the GPU instead of in the loader workers (device_decode.py), `decode_ahead` training batches
+    ahead of the step (0: each batch as the step takes it)."""
 
-    def __init__(self, root: str = "data/images", format: str = "folder", decode: str = "cpu", **kwargs: Any):
+    def __init__(self, root: str = "data/images", format: str = "folder", decode: str = "cpu", decode_ahead: int = 2,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.root, self.format, self.shards = Path(root), format, None
         if format not in ("folder", "shards"):
             raise UserError(f"data.format={format} is not known: use folder (the image files) or shards (LitData "
                             "shards made by `python -m attnlab.data.prepare shards`).")
-        check_decode(decode, self.augment, format)
-        self.decode = decode
+        check_decode(decode, self.augment, format, decode_ahead)
+        self.decode, self.decode_ahead = decode, int(decode_ahead)
         self.device_decoder = DeviceDecoder(self.image_size, self.channels, self.augment) if decode == "gpu" else None
         if format == "shards":
             from attnlab.data.shard_loader import ShardSplits
@@ -127,7 +129,14 @@ class ImageFolderDataModule(ImageDataModule):
     def train_dataloader(self):
         if self.shards is not None:
             return self.shards.train_loader(self)
-        return super().train_dataloader()
+        loader = super().train_dataloader()
+        if self.device_decoder is not None and self.decode_ahead and self.trainer is not None:
+            self.decode_ahead_on(loader, self.trainer.strategy.root_device)
+        return loader
+
+    def decode_ahead_on(self, loader, device) -> None:
+        """decode=gpu: the training loader's batches decoded and cropped on `device` ahead of the step."""
+        loader.ahead = DecodeAhead(self.device_decoder, device, self.decode_ahead)
 
     # ---- decode=gpu: the workers read the files, the device decodes and crops them
     def train_transform(self):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,9 @@ class ResumableDataLoader(DataLoader):
 
     _batches = 0
     _pending: dict[str, Any] | None = None
+    # a stage that runs ahead of the training step on a thread of its own (data.decode=gpu's DecodeAhead): given how
+    # to start the epoch's iterator, it yields the batches the step takes, and a batch counts as the step takes it
+    ahead: Callable[[Callable[[], Iterator]], Iterator] | None = None
 
     @property
     def _position(self):
@@ -98,6 +101,8 @@ class ResumableDataLoader(DataLoader):
         return self.batch_sampler if hasattr(self.batch_sampler, "resume_at") else self.sampler
 
     def __iter__(self):
+        if self.ahead is not None:
+            return self._counting(self.ahead(super().__iter__))
         return self._counting(super().__iter__())
 
     def _counting(self, it):
