@@ -101,6 +101,29 @@ def same_as_on_the_cpu(root: Path, n: int = 32) -> float:
     return float((on_gpu.float() - on_cpu.float()).abs().mean())
 
 
+def decode_and_crop_times(root: Path, batch: int, repeats: int = 10) -> dict[str, float]:
+    """Milliseconds per batch of decode=gpu's two parts on the GPU, each synchronized: nvJPEG's decode of `batch`
+    files, and the training crops of the decoded batch; and the host's time to issue the crops' kernels."""
+    from attnlab.data.device_decode import DeviceDecoder, EncodedFile
+
+    files = sorted((root / "train").rglob("*.JPEG"))[:batch]
+    decoder, encoded = DeviceDecoder(224, 3, RECIPE), [EncodedFile().from_path(str(f)) for f in files]
+    device, times = torch.device("cuda"), {"decode": [], "crop": [], "crop, host": []}
+    for _ in range(repeats + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        decoded = decoder.to_device(encoded, device)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        decoder.train_batch(decoded)
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        for name, ms in (("decode", t1 - t0), ("crop", t3 - t1), ("crop, host", t2 - t1)):
+            times[name].append(1000 * ms)
+    return {name: statistics.median(v[2:]) for name, v in times.items()}
+
+
 def timed_epoch(batches, epoch: int, step) -> float:
     images, start = 0, None
     for x, y in batches(epoch):
@@ -131,6 +154,8 @@ def main() -> None:
     root = make_tree(args.root, args.images)
     diff = same_as_on_the_cpu(root)
     print(f"nvJPEG against libjpeg-turbo, the same evaluation crops: {diff:.2f} levels apart on average")
+    parts = decode_and_crop_times(root, args.batch)
+    print(f"decode=gpu, one batch of {args.batch}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in parts.items()))
     sides = {side: data_module(root, side, args) for side in SIDES}
     step, model_rate = swin_step(args.batch)
     rates: dict[str, dict[str, list[float]]] = {d: {"loader": [], "swin-t": []} for d in sides}
@@ -156,7 +181,7 @@ def main() -> None:
     print(f"gpu 2 ahead / cpu, feeding Swin-T, median of the rounds' ratios: {fed:.2f}")
     if args.out:
         args.out.write_text(json.dumps({"gpu": gpu, "machine": machine(), "model_images_per_s": model_rate,
-                                        "gpu_vs_cpu_decode_levels": diff,
+                                        "gpu_vs_cpu_decode_levels": diff, "batch_ms": parts,
                                         "rates": rates, "ratio": ratio, "fed_ratio": fed, "args": {k: str(v) for k, v in
                                                                                vars(args).items()}}, indent=1))
 

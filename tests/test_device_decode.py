@@ -79,6 +79,9 @@ def test_the_training_crop_is_timms_draw_and_the_flip_half_the_time():
     torch.manual_seed(0)
     flipped = sum(torch.equal(small.train_crop(x), x.flip(-1)) for _ in range(400))
     assert 160 < flipped < 240
+    batch = small.train_batch([x] * 400)  # the batch's draws: about half of its images flipped
+    assert 160 < sum(torch.equal(b, x.flip(-1)) for b in batch) < 240
+    assert all(torch.equal(b, x) or torch.equal(b, x.flip(-1)) for b in batch)
     never = DeviceDecoder(8, 3, AUGMENT | {"scale": [1.0, 1.0], "ratio": [1.0, 1.0], "hflip": 0})
     assert all(torch.equal(never.train_crop(x), x) for _ in range(20))
 

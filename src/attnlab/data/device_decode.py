@@ -132,8 +132,23 @@ class DeviceDecoder:
         """Decoded (C, H, W) uint8 images (any left encoded are decoded where they are) -> (B, C, S, S) uint8."""
         if any(x.dim() == 1 for x in images):
             images = self.to_device(images, images[0].device)
-        one = self.train_crop if train else self.eval_crop
-        return torch.stack([one(x) for x in images])
+        if not train:
+            return torch.stack([self.eval_crop(x) for x in images])
+        return self.train_batch(images)
+
+    def train_batch(self, images: list[torch.Tensor]) -> torch.Tensor:
+        """The training crops of a batch: each image's box drawn and resized on its own, then the rounding, the
+        conversion to uint8 and the flips once for the batch (a few kernels per image, not ten)."""
+        size = (self.size, self.size)
+        crops = []
+        for x in images:
+            top, left, ch, cw = self.crop_box(*x.shape[-2:])
+            crops.append(self._resized(x[:, top:top + ch, left:left + cw], size))              # (C, S, S) float
+        out = torch.stack(crops).round_().clamp_(0, 255).to(torch.uint8)                      # (B, C, S, S)
+        if self.hflip:
+            flip = (torch.rand(len(images)) < self.hflip).to(out.device)                     # (B,) as torchvision draws
+            out = torch.where(flip[:, None, None, None], out.flip(-1), out)
+        return out
 
     def crop_box(self, h: int, w: int) -> tuple[int, int, int, int]:
         """timm's RandomResizedCrop draw for an image of h x w: (top, left, height, width)."""
@@ -143,9 +158,8 @@ class DeviceDecoder:
         return RandomResizedCropAndInterpolation.get_params(like, self.scale, self.ratio)
 
     def train_crop(self, x: torch.Tensor) -> torch.Tensor:
-        top, left, ch, cw = self.crop_box(*x.shape[-2:])
-        out = self._resize(x[:, top:top + ch, left:left + cw], (self.size, self.size))
-        return out.flip(-1) if self.hflip and torch.rand(1).item() < self.hflip else out  # as torchvision draws
+        """One image's training crop: `train_batch` of one."""
+        return self.train_batch([x])[0]
 
     def eval_crop(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
@@ -160,8 +174,14 @@ class DeviceDecoder:
         """(C, h, w) uint8 -> (C, *size) uint8, antialiased when it shrinks, rounded as Pillow rounds."""
         if tuple(x.shape[-2:]) == size:
             return x.contiguous()
-        y = F.interpolate(x[None].float(), size=size, mode=self.interpolation, align_corners=False, antialias=True)
-        return y[0].round_().clamp_(0, 255).to(torch.uint8)
+        return self._resized(x, size).round_().clamp_(0, 255).to(torch.uint8)
+
+    def _resized(self, x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """(C, h, w) uint8 -> (C, *size) float, not yet rounded."""
+        if tuple(x.shape[-2:]) == size:
+            return x.float()
+        return F.interpolate(x[None].float(), size=size, mode=self.interpolation, align_corners=False,
+                             antialias=True)[0]
 
 
 class DecodeAhead:
