@@ -2,6 +2,7 @@
 the GPU, alone and feeding Swin-T's training step, alternated in one run. [GPU]
 
     python benchmarks/gpu_decode.py [--images 4096] [--workers 8] [--batch 128] [--rounds 3] [--out FILE]
+    python benchmarks/gpu_decode.py --transfer-only [...]   # any machine: the workers' batches of bytes alone
 
 The tree is benchmarks/imagenet_loader.py's: JPEGs of 500x375 pixels of 1/f noise, about 90 KiB each, like a photo's.
 Both sides apply the same recipe, Swin-T's without what runs on PIL images only (RandAugment, which decode=gpu refuses):
@@ -124,6 +125,36 @@ def decode_and_crop_times(root: Path, batch: int, repeats: int = 10) -> dict[str
     return {name: statistics.median(v[2:]) for name, v in times.items()}
 
 
+def transfer_rates(root: Path, args) -> dict[str, list[float]]:
+    """decode=gpu's training loader without a GPU: images/s of the workers' batches (each file read, its header
+    parsed) reaching the step, the JPEGs' bytes in one tensor per batch (EncodedBatch) against one tensor per image;
+    alternated, one epoch each after a warm-up epoch."""
+    from attnlab.data.device_decode import collate
+    from attnlab.data.imagefolder import ImageFolderDataModule
+
+    def per_image(samples):
+        images, labels = zip(*samples)
+        return list(images), torch.tensor(labels)
+
+    loaders = {}
+    for name, fn in (("one tensor per batch", collate), ("one tensor per image", per_image)):
+        dm = ImageFolderDataModule(root=str(root), decode="gpu", augment=RECIPE, image_size=224, val_fraction=0.02,
+                                   test_fraction=0.0, batch_size=args.batch, num_workers=args.workers, seed=0)
+        dm.collate_fn = lambda train, fn=fn: fn
+        dm.setup("fit")
+        loaders[name] = dm.train_dataloader()
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    for r in range(args.rounds + 1):
+        for name in (list(loaders) if r % 2 == 0 else list(reversed(loaders))):
+            loaders[name].sampler.set_epoch(r)
+            images, start = 0, time.perf_counter()
+            for _, labels in loaders[name]:
+                images += len(labels)
+            if r:
+                rates[name].append(images / (time.perf_counter() - start))
+    return rates
+
+
 def timed_epoch(batches, epoch: int, step) -> float:
     images, start = 0, None
     for x, y in batches(epoch):
@@ -148,7 +179,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "attnlab-imagenet-like")
     p.add_argument("--out", type=Path, default=None, help="also write the numbers here (JSON)")
+    p.add_argument("--transfer-only", action="store_true",
+                   help="without a GPU: the workers' batches of JPEG bytes reaching the step, one tensor per batch "
+                        "against one per image")
     args = p.parse_args()
+    if args.transfer_only:
+        rates = transfer_rates(make_tree(args.root, args.images), args)
+        print(f"{args.images} JPEGs, {args.workers} workers, batch {args.batch}, {args.rounds} rounds alternated; "
+              f"{machine()}")
+        for name, r in rates.items():
+            print(f"| {name} | {statistics.median(r):,.0f} ({', '.join(f'{v:,.0f}' for v in r)}) |")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu_decode.py needs a CUDA GPU (it measures nvJPEG's decoding)")
     root = make_tree(args.root, args.images)

@@ -182,3 +182,32 @@ def test_decode_ahead_is_a_number_of_batches():
         check_decode("gpu", {}, "folder", -1)
     assert "\n" not in str(e.value)
     check_decode("gpu", {}, "folder", 0)
+
+
+class _Files(torch.utils.data.Dataset):
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        return EncodedFile().from_path(self.paths[i]), i
+
+
+def test_a_batch_crosses_from_the_workers_as_one_tensor_of_jpeg_bytes_and_its_decoded_images(tmp_path):
+    """The workers' batch: the JPEGs' bytes one after another in one tensor, their lengths, and a PNG named .JPEG
+    decoded in the worker at its position; on the other side of a worker process, each image's bytes or pixels
+    as they were."""
+    paths = [_photo(tmp_path / "a.JPEG", (64, 48), 1), _photo(tmp_path / "png.JPEG", (40, 30), 2, "PNG"),
+             _photo(tmp_path / "b.JPEG", (50, 60), 3)]
+    sizes = [Path(p).stat().st_size for p in paths]
+    loader = torch.utils.data.DataLoader(_Files(paths), batch_size=3, num_workers=1, collate_fn=collate)
+    (images, labels), = list(loader)
+    assert labels.tolist() == [0, 1, 2] and len(images) == 3
+    assert images.data.shape == (sizes[0] + sizes[2],) and images.lengths == [sizes[0], 0, sizes[2]]
+    got = images.images()
+    assert bytes(got[0].numpy()) == Path(paths[0]).read_bytes() and bytes(got[2].numpy()) == Path(paths[2]).read_bytes()
+    assert got[1].shape == (3, 30, 40) and got[1].dtype == torch.uint8
+    decoded = DeviceDecoder(32, 3, AUGMENT).to_device(images, torch.device("cpu"))
+    assert [tuple(x.shape) for x in decoded] == [(3, 48, 64), (3, 30, 40), (3, 60, 50)]

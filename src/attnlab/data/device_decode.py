@@ -3,8 +3,8 @@ flipped and resized there, instead of in the loader workers.
 
 - In the loader workers (`EncodedFile`): each file is read, and its header parsed; a JPEG in the run's colour mode
   (RGB, or grayscale for `channels: 1`) goes on as its bytes, a 1-D uint8 tensor; anything else (a PNG named
-  `.JPEG`, a CMYK JPEG: ImageNet has both) is decoded there by Pillow, to a uint8 (C, H, W) tensor. A batch is the
-  list of these and the labels (`collate`).
+  `.JPEG`, a CMYK JPEG: ImageNet has both) is decoded there by Pillow, to a uint8 (C, H, W) tensor. A batch is
+  these, the JPEGs' bytes in one tensor (`EncodedBatch`), and the labels (`collate`).
 - Onto the device (`DeviceDecoder.to_device`, the data module's `transfer_batch_to_device`): the batch's JPEGs are
   decoded in one call straight onto the device (the compressed bytes cross PCIe, a tenth of the pixels).
 - Ahead of the step (`DecodeAhead`, `data.decode_ahead` batches, training only): the two steps above run on a
@@ -93,10 +93,38 @@ class EncodedFile:
         return torch.from_numpy(arr).permute(2, 0, 1)
 
 
-def collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """[(encoded or decoded image, label)] -> (the images as a list, their sizes differ; labels (B,))."""
+class EncodedBatch:
+    """A batch's images as the loader workers send them with decode=gpu: the JPEGs' bytes one after another in one
+    tensor and their lengths (one shared-memory segment and one pinned copy per batch, not one per image: over
+    twice the images/s from the workers to the step, measured in docs/benchmarks.md), and the images the workers
+    decoded themselves (not JPEGs), by position."""
+
+    def __init__(self, data: torch.Tensor, lengths: list[int], decoded: dict[int, torch.Tensor]):
+        self.data, self.lengths, self.decoded = data, lengths, decoded          # (N,) uint8; per image, 0 if decoded
+
+    @classmethod
+    def of(cls, images: list[torch.Tensor]) -> EncodedBatch:
+        encoded = [x for x in images if x.dim() == 1]
+        data = torch.cat(encoded) if encoded else torch.empty(0, dtype=torch.uint8)
+        return cls(data, [len(x) if x.dim() == 1 else 0 for x in images],
+                   {i: x for i, x in enumerate(images) if x.dim() != 1})
+
+    def images(self) -> list[torch.Tensor]:
+        """The batch as a list: each JPEG's bytes (a view into `data`), or its decoded (C, H, W) pixels."""
+        parts = iter(torch.split(self.data, [n for n in self.lengths if n]))
+        return [self.decoded[i] if i in self.decoded else next(parts) for i in range(len(self.lengths))]
+
+    def pin_memory(self) -> EncodedBatch:  # the DataLoader's pin_memory=True
+        return EncodedBatch(self.data.pin_memory(), self.lengths, {i: x.pin_memory() for i, x in self.decoded.items()})
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[EncodedBatch, torch.Tensor]:
+    """[(encoded or decoded image, label)] -> (the images, their sizes differ; labels (B,))."""
     images, labels = zip(*samples)
-    return list(images), torch.tensor(labels, dtype=torch.long)
+    return EncodedBatch.of(list(images)), torch.tensor(labels, dtype=torch.long)
 
 
 class DeviceDecoder:
@@ -113,9 +141,10 @@ class DeviceDecoder:
         self.resize = math.floor(self.size / crop_pct)
 
     # ---- onto the device
-    def to_device(self, images: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def to_device(self, images: EncodedBatch | list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         """The batch's JPEGs decoded onto `device` in one call (their bytes on the host, as torchvision asks), the
         images the workers decoded copied there."""
+        images = images.images() if isinstance(images, EncodedBatch) else images
         out = [x.to(device, non_blocking=True) if x.dim() == 3 else x for x in images]
         encoded = [i for i, x in enumerate(images) if x.dim() == 1]
         if encoded:
@@ -128,10 +157,11 @@ class DeviceDecoder:
         return out
 
     # ---- on the device
-    def __call__(self, images: list[torch.Tensor], train: bool) -> torch.Tensor:
+    def __call__(self, images: EncodedBatch | list[torch.Tensor], train: bool) -> torch.Tensor:
         """Decoded (C, H, W) uint8 images (any left encoded are decoded where they are) -> (B, C, S, S) uint8."""
-        if any(x.dim() == 1 for x in images):
-            images = self.to_device(images, images[0].device)
+        if isinstance(images, EncodedBatch) or any(x.dim() == 1 for x in images):
+            where = images.data.device if isinstance(images, EncodedBatch) else images[0].device
+            images = self.to_device(images, where)
         if not train:
             return torch.stack([self.eval_crop(x) for x in images])
         return self.train_batch(images)

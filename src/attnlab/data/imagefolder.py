@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.data.base import split_by_fraction
-from attnlab.data.device_decode import DecodeAhead, DeviceDecoder, EncodedFile, check_decode, check_device, collate
+from attnlab.data.device_decode import (DecodeAhead, DeviceDecoder, EncodedBatch, EncodedFile, check_decode,
+                                        check_device, collate)
 from attnlab.data.images import FileImages, ImageDataModule, Transformed, scan_class_folders
 from attnlab.errors import UserError
 
@@ -149,13 +150,14 @@ class ImageFolderDataModule(ImageDataModule):
         return collate if self.device_decoder is not None else super().collate_fn(train)
 
     def transfer_batch_to_device(self, batch: Any, device, dataloader_idx: int) -> Any:
-        if self.device_decoder is not None and isinstance(batch, (tuple, list)) and isinstance(batch[0], list):
-            images, *rest = batch
+        if self.device_decoder is not None and isinstance(batch, (tuple, list)) and isinstance(batch[0], EncodedBatch):
+            images, *rest = batch                                                    # the JPEGs' bytes, labels
             return [self.device_decoder.to_device(images, device), *(t.to(device) for t in rest)]
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.device_decoder is not None and isinstance(batch, (tuple, list)) and isinstance(batch[0], list):
+        if self.device_decoder is not None and isinstance(batch, (tuple, list)) and \
+                isinstance(batch[0], (list, EncodedBatch)):
             train = self.trainer is not None and self.trainer.training
             batch = [self.device_decoder(batch[0], train), *batch[1:]]                 # (B, C, S, S) uint8
         return super().on_after_batch_transfer(batch, dataloader_idx)
