@@ -38,16 +38,16 @@ FIXED = ["optimizer.lr=tag(log, interval(1e-4, 1.0))", "optimizer.weight_decay=0
 QUIET = ["extras.print_config=false", "callbacks.progress_bar=null", "callbacks.model_summary=null"]
 
 
-def sweep(name: str, pruner: str | None, epochs: int, out: Path, overrides: list[str]) -> dict:
+def sweep(name: str, pruner: str | None, epochs: int, out: Path, overrides: list[str], lrs: list[float]) -> dict:
     """One sweep in a process of its own; its study, read back when it ends."""
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     storage, study_name = f"sqlite:///{folder / 'study.db'}", f"pruning_{name}"
     study = optuna.create_study(study_name=study_name, storage=storage, direction="maximize")
-    for lr in LRS:
+    for lr in lrs:
         study.enqueue_trial({"optimizer.lr": lr})
     argv = [sys.executable, str(ROOT / "train.py"), "-m", "hparams_search=vit_digits_optuna",
-            f"hydra.sweeper.n_trials={len(LRS)}", f"hydra.sweeper.storage={storage}",
+            f"hydra.sweeper.n_trials={len(lrs)}", f"hydra.sweeper.storage={storage}",
             f"hydra.sweeper.study_name={study_name}", f"hydra.sweeper.pruner={pruner or 'null'}",
             f"trainer.max_epochs={epochs}", *FIXED, *QUIET, *overrides]
     env = os.environ | {"ATTNLAB_LOG_DIR": str(folder / "logs")}
@@ -77,14 +77,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def problems(base: dict, median: dict, learns: bool = True) -> list[str]:
+def problems(base: dict, median: dict, trials: int, learns: bool = True) -> list[str]:
     """What the sweeps must show: all trials finished, none pruned without a pruner, and (when the trials train long
     enough to tell a hopeless learning rate from a good one) hopeless ones pruned."""
     found = []
     for r in (base, median):
         finished = len(r["complete"]) + len(r["pruned"])
-        if finished != len(LRS):
-            found.append(f"{r['name']}: {finished} of {len(LRS)} trials finished")
+        if finished != trials:
+            found.append(f"{r['name']}: {finished} of {trials} trials finished")
     if base["pruned"]:
         found.append(f"none: {len(base['pruned'])} trials pruned without a pruner")
     lrs = [t.params["optimizer.lr"] for t in median["pruned"]]
@@ -99,18 +99,19 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary folder)")
     p.add_argument("--smoke", action="store_true", help="a budget too small to learn: check that both sweeps run "
                    "every trial, not which ones the pruner stops")
+    p.add_argument("--trials", type=int, default=len(LRS), help="the first this many of the learning rates")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every trial, e.g. trainer.limit_train_batches=8")
     args = p.parse_intermixed_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        rows = [sweep(name, pruner, args.epochs, out, args.overrides) for name, pruner in (("none", None),
-                                                                                          ("median", MEDIAN))]
+        rows = [sweep(name, pruner, args.epochs, out, args.overrides, LRS[:args.trials])
+                for name, pruner in (("none", None), ("median", MEDIAN))]
         text = table(rows)
         print(text)
         (out / "pruning.md").write_text(text + "\n")
-    found = problems(*rows, learns=not args.smoke)
+    found = problems(*rows, trials=args.trials, learns=not args.smoke)
     if found:
         sys.exit("pruning benchmark: " + "; ".join(found))
 

@@ -61,7 +61,8 @@ BENCHMARK_BUDGET = {
                        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.num_workers=0"],
     "unet_membrane.py": ["trainer.max_epochs=1", "data.samples_per_epoch=8", "data.image_size=128",
                          "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"],
-    "optuna_pruning.py": ["--out", "{cwd}/benchmark", "--epochs", "2", "--smoke", "trainer.limit_train_batches=8",
+    "optuna_pruning.py": ["--out", "{cwd}/benchmark", "--epochs", "2", "--smoke", "--trials", "4",
+                          "trainer.limit_train_batches=8",
                           "trainer.limit_val_batches=2", "trainer.limit_test_batches=1"],
     "gpt2_gpu.py": [],      # [GPU] only
     "gpu_decode.py": [],    # [GPU] only
