@@ -153,6 +153,8 @@ def test_batches_decoded_ahead_reach_the_step_in_order_and_count_as_the_step_tak
     assert loader.state_dict()["batches"] == 2
     again = [labels.tolist() for _, labels in loader]  # the thread of the epoch left part-way stopped first
     assert again == inline and not _ahead_threads()
+    loader.load_state_dict({"epoch": 0, "batches": 2, "rng": None})  # a run resumed after its second batch
+    assert [labels.tolist() for _, labels in loader] == inline[2:]
 
 
 def test_an_error_while_decoding_ahead_reaches_the_step_and_the_thread_ends(tmp_path, monkeypatch):

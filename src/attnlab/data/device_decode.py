@@ -217,8 +217,11 @@ class DeviceDecoder:
 class DecodeAhead:
     """Training batches decoded and cropped `depth` batches ahead of the step (see the module's docstring): the
     `ahead` stage of the training loader (samplers.ResumableDataLoader), which counts a batch as the step takes it.
-    One epoch's thread at a time: the previous one is stopped before the workers' iterator starts again. An error
-    in the loader or the decoding is raised to the step, where it would have been raised without the thread."""
+    One epoch's thread at a time, started as the step asks for the epoch's first batch (after a resumed loader has
+    put back its random state): the previous one is stopped before the workers' iterator starts again. An error in
+    the loader or the decoding is raised to the step, where it would have been raised without the thread. The crops
+    are drawn on the thread, from the process's random state: a run resumed mid-epoch draws again those of the
+    batches that were decoded ahead but not yet taken."""
 
     _END = object()
 
@@ -227,16 +230,7 @@ class DecodeAhead:
         self._running: tuple[threading.Thread, threading.Event, queue.Queue] | None = None
 
     def __call__(self, start: Callable[[], Iterator]) -> Iterator[list]:
-        self.stop()
-        q: queue.Queue = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
-        on_cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if on_cuda else None
-        thread = threading.Thread(target=self._work, args=(start(), q, stop, stream), daemon=True,
-                                  name="attnlab-decode-ahead")
-        self._running = (thread, stop, q)
-        thread.start()
-        return self._taken(q, thread)
+        return self._taken(start)
 
     def _work(self, batches: Iterator, q: queue.Queue, stop: threading.Event, stream) -> None:
         def put(item) -> bool:
@@ -266,7 +260,15 @@ class DecodeAhead:
         else:
             put(self._END)
 
-    def _taken(self, q: queue.Queue, thread: threading.Thread) -> Iterator[list]:
+    def _taken(self, start: Callable[[], Iterator]) -> Iterator[list]:
+        self.stop()
+        q: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        thread = threading.Thread(target=self._work, args=(start(), q, stop, stream), daemon=True,
+                                  name="attnlab-decode-ahead")
+        self._running = (thread, stop, q)
+        thread.start()
         try:
             while True:
                 item = q.get()
