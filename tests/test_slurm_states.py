@@ -93,6 +93,11 @@ class Life:
         i = bisect_right(self.starts, t - T0) - 1
         return self.segments[i][0] if i < len(self.segments) else MISSING
 
+    def began(self, t: float) -> str:
+        """squeue's start time of the attempt running (or completing) at t: when its RUNNING segment started."""
+        i = bisect_right(self.starts, t - T0) - 1
+        return str(T0 + max(self.starts[j] for j in range(i + 1) if self.segments[j][0] == "RUNNING"))
+
     def sacct_at(self, t: float) -> str | None:
         """sacct's state at t: the state the job is in while the controller knows it, `sacct` once forgotten."""
         i = bisect_right(self.starts, t - T0) - 1
@@ -222,7 +227,8 @@ class World:
             return None
         if state == MISSING or JOB_ID not in ids:
             return {}
-        return {JOB_ID: (state, "n1" if state in ("RUNNING", "COMPLETING") else "")}
+        running = state in ("RUNNING", "COMPLETING")
+        return {JOB_ID: sl.Queued(state, "n1" if running else "", self.life.began(self.clock.now) if running else "")}
 
     def sacct(self, job_id: str) -> str | None:
         return self.life.sacct_at(self.clock.now) if job_id == JOB_ID else None
@@ -309,6 +315,9 @@ def check(life: Life) -> None:
     attempts = sum(state == "RUNNING" for state, _ in life.segments)
     requeued = [r for r in said if r.getMessage().split(": ", 2)[-1].startswith("requeued")]
     assert len(requeued) <= attempts - 1, [r.getMessage() for r in said]
+    # each attempt that ran for a poll's longest interval was seen running: each requeue between two such was said
+    seen = sum(state == "RUNNING" and s >= sl.POLL_MAX_S for state, s in life.segments)
+    assert len(requeued) >= seen - 1, [r.getMessage() for r in said]
 
 
 @settings(deadline=None, max_examples=400, derandomize=True, database=None,
@@ -367,6 +376,11 @@ FOUND = {
     # a result file cut short (being written) stopped the driver with pickle's UnpicklingError
     "a result file being written is waited for (by hand)": Life(
         (("RUNNING", 100), ("COMPLETED", 60)), result="completed", result_at=30, cut=20),
+    # a node lost on the test cluster: NODE_FAIL, requeued and running again within the 30 s between two polls; the
+    # driver saw RUNNING twice and said nothing of the requeue
+    "a requeue between two polls is said (by hand)": Life(
+        (("PENDING", 2), ("RUNNING", 100), ("NODE_FAIL", 1), ("PENDING", 2), ("RUNNING", 100), ("COMPLETED", 60)),
+        result="completed"),
     # the test's own: an end shown before an attempt no poll saw may be the verdict
     "an attempt no poll saw": Life(
         (("PENDING", 0), ("RUNNING", 0), ("TIMEOUT", 1), ("PENDING", 0), ("RUNNING", 0), ("CANCELLED", 0))),

@@ -5,15 +5,26 @@ from __future__ import annotations
 
 import re
 import subprocess
+from typing import NamedTuple
 
 
-def _queue_states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
-    """{job id: (state, nodes)} of the jobs the controller still knows (squeue, any state); None when squeue fails
-    (the controller down or restarting: the jobs' states are unknown, not gone)."""
+class Queued(NamedTuple):
+    """squeue's answer for one job: its state, its nodes, and when its current attempt started (squeue's %S, kept
+    for a running or completing job only; "" when not known). An attempt that started at another time is another
+    attempt: a job requeued and started again between two polls is told from one that ran on."""
+
+    state: str | None
+    nodes: str = ""
+    began: str = ""
+
+
+def _queue_states(ids: list[str]) -> dict[str, Queued] | None:
+    """{job id: Queued(state, nodes, began)} of the jobs the controller still knows (squeue, any state); None when
+    squeue fails (the controller down or restarting: the jobs' states are unknown, not gone)."""
     if not ids:
         return {}
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N", "-j", ",".join(ids)],
+        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(ids)],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -24,14 +35,13 @@ def _queue_states(ids: list[str]) -> dict[str, tuple[str, str]] | None:
         return {} if "Invalid job id" in out.stderr else None
     states = {}
     for line in out.stdout.splitlines():
-        job_id, _, rest = line.strip().partition("|")
-        state, _, nodes = rest.partition("|")
-        states[job_id] = (state, nodes)
+        job_id, state, nodes, began = (line.strip().split("|") + ["", "", ""])[:4]
+        states[job_id] = Queued(state, nodes, began if state in ("RUNNING", "COMPLETING") else "")
     return states
 
 
-def _one_by_one(ids: list[str]) -> dict[str, tuple[str, str]] | None:
-    states: dict[str, tuple[str, str]] = {}
+def _one_by_one(ids: list[str]) -> dict[str, Queued] | None:
+    states: dict[str, Queued] = {}
     for job_id in ids:
         found = _queue_states([job_id])
         if found is None:

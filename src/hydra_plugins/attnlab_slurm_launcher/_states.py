@@ -6,7 +6,7 @@ Inputs, one set a poll (every POLL_S at first; the interval grows by half at eac
 POLL_MAX_S, and is POLL_S again after a change; a job's result file showing between two polls, looked for every
 RESULT_LOOK_S, brings the next poll forward to then):
 
-- squeue's state of the job, one of three kinds:
+- squeue's state of the job (and, running, when its attempt started), one of three kinds:
   alive   in the queue and not ended: PENDING, CONFIGURING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD (and any other
           state not in FINAL: SUSPENDED, REQUEUE_FED, SPECIAL_EXIT...);
   ended   a state of FINAL: COMPLETED, FAILED, CANCELLED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, and TIMEOUT, NODE_FAIL,
@@ -36,7 +36,8 @@ Transitions, at a poll where squeue answers (the first rule that applies):
                                 (which can take a minute after an outage of the controller)
   alive                      -> that state; the wait and the end known are dropped. Back in the queue after
                                 running (or after a requeue wait), squeue's REQUEUED, or running again without a poll
-                                seeing it pending: "requeued", said once a requeue, with the reason the run recorded
+                                seeing it pending (after another state, or with another start time than the attempt
+                                seen running): "requeued", said once a requeue, with the reason the run recorded
   result file readable       -> verdict COMPLETED (its JobReturn is not FAILED), else FAILED (the run raised)
   end COMPLETED              -> wait `result`; its grace past: verdict GONE
   end in MAYBE_REQUEUED      -> wait `requeue` (said once); its grace past, or the job no longer requeueable

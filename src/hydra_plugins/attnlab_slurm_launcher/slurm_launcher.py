@@ -8,11 +8,11 @@ knows them while they are pending, running and for a while after; `sacct` where 
 ended once the controller forgot it):
 
 - one line when a job changes state (pending, running on <nodes>, requeued, completed, failed, cancelled, timeout),
-  with its log file;
+  with its log file (requeued too when the job was requeued and started again between two polls: its start time);
 - a job that fails or is cancelled is one line with its state and the last lines of its log; the other jobs are
   gathered all the same (their rows of `results.csv`), and a grid's driver exits with status 1 after the last one
   ends, with one paragraph naming the jobs that did not complete (an Optuna sweep records them as failed trials);
-- a job that is gone (not in the queue, no result written) is reported as such after a short grace, never waited for;
+- a job that is gone (not in the queue, no result written) is reported after a short grace, never waited for;
 - what the controller cannot say is not taken for an answer: while `squeue` fails (slurmctld restarting, a short
   outage: the jobs keep running on their nodes) no job is counted missing; a COMPLETED job whose result file is not
   visible yet (a shared filesystem's cache) is waited for; TIMEOUT, NODE_FAIL and PREEMPTED are looked at again, since
@@ -38,7 +38,8 @@ from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
-from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states, _requeueable, _sacct_state
+from hydra_plugins.attnlab_slurm_launcher._queries import (Queued, _accounting_on, _queue_states, _requeueable,
+                                                           _sacct_state)
 from hydra_plugins.attnlab_slurm_launcher._states import (FINAL, GONE_GRACE_S, MAYBE_REQUEUED, POLL_MAX_S, POLL_S,
                                                           RESULT_GRACE_S, RESULT_LOOK_S, RESULT_LOOKS_PER_S,
                                                           REQUEUE_GRACE_S, result_verdict, waited)
@@ -64,6 +65,7 @@ class Watched:
                               if o.lower() not in common and not o.lstrip("+").startswith("hydra."))
         self.state, self.nodes = "SUBMITTED", ""
         self.started = False  # an attempt was seen running (or ending) since the job last went back to the queue
+        self.began = ""  # when the attempt seen running started (squeue's %S; "" when not known)
         self.requeued = False  # "requeued" said, and no attempt seen running since
         self.requeues = 0  # how many times "requeued" was said
         # the state machine of _states.py: the end the controller last gave for this attempt, the one wait it is in
@@ -209,9 +211,8 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
 
 
 def _nap(watched: list[Watched], seconds: float) -> bool:
-    """Sleep until the next poll, or less: until the result file of a job not ended yet shows (its run is over;
-    its verdict comes at the next poll instead of up to POLL_MAX_S later). Each job's file wakes the driver once.
-    -> whether one woke it."""
+    """Sleep until the next poll, or until the result file of a job not ended yet shows (its verdict comes at the
+    next poll instead of up to POLL_MAX_S later); each job's file wakes the driver once. -> whether one woke it."""
     looked = [w for w in watched if w.state not in FINAL and not w.woke]
     step = max(RESULT_LOOK_S, len(looked) / RESULT_LOOKS_PER_S)  # a large sweep looks less often
     deadline = time.monotonic() + seconds
@@ -224,11 +225,11 @@ def _nap(watched: list[Watched], seconds: float) -> bool:
     return False
 
 
-def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> bool:
+def _follow(w: Watched, queue: dict[str, Queued], accounting: bool) -> bool:
     """One poll's news of a job, a step of the state machine of _states.py: its state updated and reported when it
     changed. -> whether it changed."""
     before = w.state
-    state, nodes = queue.get(w.id, (None, ""))
+    state, nodes, began = Queued(*queue.get(w.id, (None,)))
     if state is None or state in FINAL:  # ended, or no longer in the queue: its verdict, or a wait
         state = _ended(w, accounting, state)
         if state is None:
@@ -241,17 +242,17 @@ def _follow(w: Watched, queue: dict[str, tuple[str, str]], accounting: bool) -> 
         state = "REQUEUED"  # back in the queue after running: a time limit, a preemption, a lost node requeued it
     elif state == "REQUEUED":
         state = "PENDING"  # the requeue said already
-    elif state == "RUNNING" and w.started and w.state != "RUNNING":  # requeued and started again between two polls
-        w.state = "REQUEUED"
+    elif state == "RUNNING" and w.started and (w.state != "RUNNING" or (began and w.began and began != w.began)):
+        w.state = "REQUEUED"  # requeued and started again between two polls: not seen running, or started anew
         _report(w)
     changed = state != w.state
     if changed:
         w.state, w.nodes = state, nodes or w.nodes
         _report(w)
     if state == "REQUEUED":
-        w.state, w.started, w.requeued = "PENDING", False, True
+        w.state, w.started, w.requeued, w.began = "PENDING", False, True, ""
     elif state == "RUNNING":
-        w.started, w.requeued = True, False
+        w.started, w.requeued, w.began = True, False, began or w.began
     return changed
 
 
