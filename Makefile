@@ -8,10 +8,13 @@ export ATTNLAB_DATA_DIR ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),$(CURD
 
 .PHONY: install data train lint test test-fast clean
 
+# the bytecode of the ~20,000 modules installed (torch's CUDA build among them) compiled on every core, where pip
+# compiles it on one; a file that does not compile (written for another Python) is left, as pip leaves it
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 	touch $@
 
 install: $(VENV)/.installed

@@ -111,10 +111,23 @@ ELSEWHERE = {  # launch forms of a cluster, tested where the cluster is
                                           "the_same_global_batch",
 }
 QUICK_FORMS = ("torchrun --standalone",)  # also in `make test-fast`
+# forms whose launch, as LAUNCH_FORMS has it, is part of a longer test below, checked there the same way
+RUN_BY = {"torchrun --rdzv-id": "test_a_killed_rdzv_id_launch_continues_in_its_folder_when_launched_again",
+          "python train.py trainer=ddp_cpu": "test_a_run_folder_whose_last_ckpt_is_a_sharded_folder_continues_from_it"}
+
+
+def assert_launched(out: subprocess.CompletedProcess, tmp: Path, ranks: int, torchrun: bool) -> Path:
+    """assert_one_finished_run; under torchrun, each rank's launch line names the one run folder."""
+    folder = assert_one_finished_run(out, tmp, ranks)
+    if torchrun:
+        lines = launch_lines(out.stdout)
+        assert sorted(ln.split(" of ")[0] for ln in lines) == [f"rank {r}" for r in range(ranks)], out.stdout[-3000:]
+        assert all(f"run folder {folder} " in ln for ln in lines), lines
+    return folder
 
 
 @pytest.mark.parametrize("form", [f if f in QUICK_FORMS else pytest.param(f, marks=pytest.mark.slow)
-                                  for f in LAUNCH_FORMS])
+                                  for f in LAUNCH_FORMS if f not in RUN_BY])
 def test_each_launch_form_ends_with_its_test_metrics_in_one_run_folder(form, tmp_path):
     argv, ranks = LAUNCH_FORMS[form]
     argv = [f"127.0.0.1:{free_port()}" if a.endswith(":0") else a for a in argv]
@@ -123,11 +136,7 @@ def test_each_launch_form_ends_with_its_test_metrics_in_one_run_folder(form, tmp
         cwd = tmp_path / "elsewhere"
         cwd.mkdir()
     out = launch([*argv, *BUDGET], tmp_path, cwd=cwd)
-    folder = assert_one_finished_run(out, tmp_path, ranks)
-    if argv[0] == "torchrun" or "torch.distributed.run" in argv:
-        lines = launch_lines(out.stdout)
-        assert sorted(ln.split(" of ")[0] for ln in lines) == ["rank 0", "rank 1"], out.stdout[-3000:]
-        assert all(f"run folder {folder} " in ln for ln in lines), lines
+    assert_launched(out, tmp_path, ranks, torchrun=argv[0] == "torchrun" or "torch.distributed.run" in argv)
 
 
 @pytest.mark.slow
@@ -197,8 +206,8 @@ def test_a_killed_rdzv_id_launch_continues_in_its_folder_when_launched_again(tmp
     assert 2 <= step < 24
 
     argv[argv.index("--rdzv-endpoint") + 1] = f"127.0.0.1:{free_port()}"  # the old agent's port may linger
-    again = launch(argv, tmp_path)
-    assert assert_one_finished_run(again, tmp_path, ranks=2) == folder
+    again = launch(argv, tmp_path)  # the form `torchrun --rdzv-id` of LAUNCH_FORMS, run to its end
+    assert assert_launched(again, tmp_path, ranks=2, torchrun=True) == folder
     lines = launch_lines(again.stdout)
     assert any(ln.startswith("rank 0 ") and ln.endswith("(its run id launched before: that launch's folder)")
                for ln in lines), lines
@@ -265,15 +274,16 @@ dist.destroy_process_group()
 def test_a_run_folder_whose_last_ckpt_is_a_sharded_folder_continues_from_it(tmp_path):
     """A run folder whose last.ckpt is a sharded checkpoint (a folder of torch.distributed.checkpoint shards and
     meta.pt, as Lightning's FSDP strategy writes it), started again on CPUs: it continues from that step, to the
-    same numbers as the same folder continued from the checkpoint file, and its next last.ckpt is a file. The
-    sharded folder is a copy of the first: a run folder moved elsewhere continues as it would have in place."""
+    same numbers as the same folder continued in place from the checkpoint file, and its next last.ckpt is a file.
+    The sharded folder is a copy of the first: a run folder moved elsewhere continues as it would have in place."""
     import shutil
 
     import torch
 
-    first = launch([sys.executable, "train.py", *DDP, *BUDGET, f"hydra.run.dir={tmp_path / 'file'}"], tmp_path)
-    assert first.returncode == 0, first.stdout[-3000:]
-    shutil.copytree(tmp_path / "file", tmp_path / "sharded", symlinks=True)
+    # the form `python train.py trainer=ddp_cpu` of LAUNCH_FORMS
+    first = launch([sys.executable, "train.py", *DDP, *BUDGET], tmp_path)
+    folders = {"file": assert_launched(first, tmp_path, ranks=2, torchrun=False), "sharded": tmp_path / "sharded"}
+    shutil.copytree(folders["file"], folders["sharded"], symlinks=True)
     last = tmp_path / "sharded" / "checkpoints" / "last.ckpt"
     script = tmp_path / "to_shards.py"
     script.write_text(TO_SHARDS)
@@ -287,11 +297,11 @@ def test_a_run_folder_whose_last_ckpt_is_a_sharded_folder_continues_from_it(tmp_
     more = [*DDP, *BUDGET, "trainer.max_epochs=2"]
     results = {}
     for name in ("file", "sharded"):
-        out = launch([sys.executable, "train.py", *more, f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        out = launch([sys.executable, "train.py", *more, f"hydra.run.dir={folders[name]}"], tmp_path)
         assert out.returncode == 0 and "Traceback" not in out.stdout, out.stdout[-3000:]
-        checkpoints = tmp_path / name / "checkpoints"
+        checkpoints = folders[name] / "checkpoints"
         assert f"resuming from {checkpoints / 'last.ckpt'}" in out.stdout
         assert (checkpoints / "last.ckpt").is_file()  # the folder replaced by the next save
         assert torch.load(checkpoints / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 8
-        results[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+        results[name] = json.loads((folders[name] / "metrics.json").read_text())
     assert results["sharded"] == pytest.approx(results["file"], abs=1e-6)

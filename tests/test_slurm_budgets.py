@@ -376,7 +376,8 @@ def _until_both_ranks_train(sweep, note: Path, restart: int, timeout: float = 30
         time.sleep(0.5)
 
 
-LOSSES = ("n1", "n2", "n1", "n2")  # the node lost in each attempt: rank 0's, rank 1's, each a second time
+LOSSES = ("n2", "n1", "n2")  # the node lost in each attempt: rank 1's, rank 0's, rank 1's again (its rank 0 records
+# the last attempt's failure: a rank 0 lost with its node records nothing)
 
 
 def _survivor(node: str) -> int:
@@ -387,11 +388,11 @@ def _survivor(node: str) -> int:
 @pytest.mark.slow
 def test_a_two_node_job_losing_either_node_again_and_again_is_requeued_until_its_budget_then_fails_once(
         slurm_cluster, tmp_path):
-    """launcher.max_num_timeout=3, a node lost in each attempt (its slurmd and the job's processes on it killed, back
-    once the rank left has decided): rank 0's node n1, where no rank 0 is left to record anything, then rank 1's n2,
-    then each again. The job is requeued three times, losses of either node counted together; at the fourth loss it
-    fails, once, saying its budget is spent; it is not requeued again, and the sweep driver reports it failed at once
-    (SLURM will not requeue it: Requeue=0)."""
+    """launcher.max_num_timeout=2, a node lost in each attempt (its slurmd and the job's processes on it killed, back
+    once the rank left has decided): rank 1's node n2, then rank 0's n1, where no rank 0 is left to record anything,
+    then n2 again. The job is requeued twice, losses of either node counted together; at the third loss it fails,
+    once, saying its budget is spent; it is not requeued again, and the sweep driver reports it failed at once (SLURM
+    will not requeue it: Requeue=0)."""
     from test_slurm_preemption import PACE, Sweep, paced
     from test_slurm_strict import TWO_NODES, _lose_node, until_decided
 
