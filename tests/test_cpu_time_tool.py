@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -23,6 +25,7 @@ def test_sleeps():
 """
 
 
+@pytest.mark.slow
 def test_each_test_records_the_cpu_time_of_the_processes_it_started(tmp_path):
     (tmp_path / "test_two.py").write_text(TESTS)
     env = os.environ | {"PYTHONPATH": str(ROOT / "tools"), "ATTNLAB_CPU_TIME_OUT": str(tmp_path / "cpu")}
