@@ -21,7 +21,7 @@ import time
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _started: dict[str, tuple[float, float, float]] = {}
-_recording = {"on": True}
+_recording = {"on": True, "worker": "main"}
 
 
 def _tree_seconds(root: int) -> float:
@@ -58,6 +58,7 @@ def _machine_seconds() -> float:
 def pytest_configure(config):
     # pytest-xdist's controller hears of every worker's tests, with all the workers under it: they record their own
     _recording["on"] = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+    _recording["worker"] = getattr(config, "workerinput", {}).get("workerid", "main")
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -69,7 +70,7 @@ def pytest_runtest_logfinish(nodeid, location):
     if nodeid not in _started:
         return
     t0, own0, machine0 = _started.pop(nodeid)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    worker = _recording["worker"]
     with open(f"{os.environ.get('ATTNLAB_CPU_TIME_OUT', '/tmp/attnlab-cpu-time')}.{worker}.jsonl", "a") as f:
         f.write(json.dumps({"test": nodeid, "worker": worker, "start": t0, "wall": time.time() - t0,
                             "cpu": _tree_seconds(os.getpid()) - own0, "machine": _machine_seconds() - machine0})
