@@ -155,9 +155,9 @@ def test_scipy_is_imported_for_real_where_gammatone_is_installed(tmp_path, monke
 
     from attnlab.lean_imports import deferred_packages
 
-    assert deferred_packages() == ("torchvision", "transformers", "scipy")
+    assert deferred_packages() == ("torchvision", "transformers", "scipy", "torchmetrics.utilities.plot")
     (tmp_path / "gammatone").mkdir()
     (tmp_path / "gammatone" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    assert deferred_packages() == ("torchvision", "transformers")
+    assert deferred_packages() == ("torchvision", "transformers", "torchmetrics.utilities.plot")

@@ -4,9 +4,12 @@ never compute, and without hiding them from any code that does, nor pretending t
 Lightning imports torchmetrics, whose `__init__` imports every metric module, and some of those import optional
 packages at import time when they are installed: torchvision (and with it `torch._dynamo`; ARNIQA, LPIPS, DISTS,
 the detection metrics), transformers (BERTScore, InfoLM, CLIPScore) and scipy (`import scipy.signal`, for the audio
-metrics). On 2 CPU cores that is about 3 s of a run's start (scipy alone 1.1 s) that a GPT or BERT run never uses.
+metrics); and every metric module imports `torchmetrics.utilities.plot`, which imports matplotlib (and decorates its
+functions with matplotlib's style at import) for `Metric.plot`. On 2 CPU cores that is about 3.5 s of a run's start
+(scipy alone 1.1 s, matplotlib 0.45 s) that a GPT or BERT run never uses.
 
-`import_lightning()` imports Lightning with those packages *deferred*, not absent: every `import torchvision` /
+`import_lightning()` imports Lightning with those packages, and torchmetrics' plotting module, *deferred*, not
+absent (a name of DEFERRED is a package or a module of one, with its submodules): every `import torchvision` /
 `from transformers import X` that runs while torchmetrics imports binds a stand-in that imports the real package the
 first time it is used (called, read, subclassed, used in `isinstance`). A code path that needs the package gets it,
 with the same objects a plain import gives; a path that never touches it never pays for it. Once Lightning is
@@ -52,7 +55,7 @@ from collections.abc import Iterator
 from typing import Any
 
 # the optional packages torchmetrics would import when it is imported
-DEFERRED = ("torchvision", "transformers", "scipy")
+DEFERRED = ("torchvision", "transformers", "scipy", "torchmetrics.utilities.plot")
 # scipy is imported for real where gammatone is installed: torchmetrics gives scipy.signal a `hamming` for gammatone
 # when scipy (>= 1.13) has none, and a stand-in cannot tell whether it has one without importing it
 FOR_REAL_WITH = {"scipy": "gammatone"}
@@ -63,6 +66,8 @@ DEFERRED_WHILE = {"timm": ("wandb",)}
 
 # packages a deferred name has asked for for real: no longer deferred, even while the finder is still installed
 _UNDEFERRED: set[str] = set()
+# how many `deferring` blocks are running (see Deferred.__getattr__)
+_DEFERRING = 0
 
 
 def import_lightning() -> None:
@@ -87,18 +92,34 @@ def deferred_packages() -> tuple[str, ...]:
 def deferring(packages: tuple[str, ...] = DEFERRED) -> Iterator[None]:
     """Within the block, imports of `packages` (those installed, not yet imported) bind DeferredModule stand-ins;
     on leaving it the stand-ins leave sys.modules."""
+    global _DEFERRING
     finder = _DeferringFinder(packages)
     sys.meta_path.insert(0, finder)
+    _DEFERRING += 1
     try:
         yield
     finally:
+        _DEFERRING -= 1
         sys.meta_path.remove(finder)
         for name in [n for n, m in sys.modules.items() if isinstance(m, DeferredModule)]:
-            del sys.modules[name]
+            _forget(name)
+
+
+def _forget(name: str) -> None:
+    """The stand-in `name` out of sys.modules, and out of its real parent package, which the import bound it to."""
+    stand_in = sys.modules.pop(name)
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules and getattr(sys.modules[parent], child, None) is stand_in:
+        delattr(sys.modules[parent], child)
 
 
 def _top(name: str) -> str:
     return name.partition(".")[0]
+
+
+def _root(name: str, packages: tuple[str, ...]) -> str | None:
+    """The name of `packages` that the module `name` is, or is a submodule of; None where there is none."""
+    return next((p for p in packages if name == p or name.startswith(p + ".")), None)
 
 
 def _real_spec(name: str, path: list[str] | None = None) -> importlib.machinery.ModuleSpec | None:
@@ -134,9 +155,9 @@ class _DeferringFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.packages = packages
 
     def find_spec(self, name, path=None, target=None):
-        top = _top(name)
-        if top not in self.packages or top in _UNDEFERRED or (
-                top in sys.modules and not isinstance(sys.modules[top], DeferredModule)):
+        root = _root(name, self.packages)
+        if root is None or root in _UNDEFERRED or (
+                root in sys.modules and not isinstance(sys.modules[root], DeferredModule)):
             return None
         real = _real_spec_of(name, path)
         if real is None:  # not on this machine: the import fails as it would without this finder
@@ -275,8 +296,9 @@ def _real_module(name: str) -> types.ModuleType:
     if isinstance(module, DeferredModule):  # still a stand-in: only while Lightning imports
         for stale in [n for n in sys.modules if _top(n) == _top(name)]:
             if isinstance(sys.modules[stale], DeferredModule):
-                del sys.modules[stale]
-    _UNDEFERRED.add(_top(name))  # asked for for real: the finder, if still installed, lets the real import through
+                _forget(stale)
+    # asked for for real: the finder, if still installed, lets the real import through
+    _UNDEFERRED.add(_root(name, DEFERRED + sum(DEFERRED_WHILE.values(), ())) or _top(name))
     return importlib.import_module(name)
 
 
@@ -310,6 +332,8 @@ class Deferred:
         return value
 
     def __getattr__(self, name: str) -> Any:
+        if _DEFERRING and name.startswith("__"):  # typing's probes of an annotation (`Optional[_AX_TYPE]`) while
+            raise AttributeError(name)  # deferred packages import, as on a DeferredModule: absent, nothing imported
         return getattr(self.resolve(), name)
 
     def __call__(self, *args, **kwargs):
