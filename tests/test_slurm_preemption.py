@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import prefork
 from conftest import ROOT
 from slurm_cluster import slurm
 
@@ -191,11 +192,12 @@ class Batch(Job):
         return self.output.read_text(errors="replace") if self.output.is_file() else ""
 
 
-def reference_run(tmp: Path) -> subprocess.Popen:
-    """The same run, left alone, on this machine."""
+def reference_run(tmp: Path):
+    """The same run, left alone, on this machine (forked from the tests' server: it is what the jobs are compared
+    with, not a launch form under test)."""
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "ATTNLAB_LOG_DIR": str(tmp / "logs")}
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"hydra.run.dir={tmp / 'alone'}"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return prefork.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"hydra.run.dir={tmp / 'alone'}"], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 # the sweeps each test needs, all started at once by the module's fixture
