@@ -54,7 +54,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-# the optional packages torchmetrics would import when it is imported
+# what importing torchmetrics would import that a run may never use: optional packages, and its plotting module
+# (which imports matplotlib)
 DEFERRED = ("torchvision", "transformers", "scipy", "torchmetrics.utilities.plot")
 # scipy is imported for real where gammatone is installed: torchmetrics gives scipy.signal a `hamming` for gammatone
 # when scipy (>= 1.13) has none, and a stand-in cannot tell whether it has one without importing it
