@@ -5,8 +5,11 @@ it checks is what an import sees first."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 # A machine without transformers: PathFinder less transformers (spec and metadata), at sys.meta_path[0] before
 # attnlab is imported. While torchmetrics imports with the deferring finder installed, the finder asked for a
@@ -161,3 +164,30 @@ def test_scipy_is_imported_for_real_where_gammatone_is_installed(tmp_path, monke
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     assert deferred_packages() == ("torchvision", "transformers", "torchmetrics.utilities.plot")
+
+
+# a rank of srun or torchrun, as Hydra's logging set-up meets it (`${rank_suffix:}`) before the entry point imports
+LAUNCHED = {
+    "srun": {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NAME": "train"},
+    "torchrun": {"TORCHELASTIC_RUN_ID": "none", "RANK": "1", "GROUP_RANK": "1", "LOCAL_RANK": "0",
+                 "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2"},
+}
+RANK_SUFFIX = """
+import sys
+from attnlab.utils.launch import rank_suffix
+print(rank_suffix(), 'lightning.pytorch' in sys.modules,
+      sorted(m for m in ('transformers', 'scipy', 'matplotlib', 'torchvision') if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHED))
+def test_a_launched_rank_imports_lightning_the_lean_way_when_hydra_names_its_log(launcher):
+    """A rank of srun or torchrun asks Lightning's cluster environments for its rank while Hydra sets up logging,
+    before the entry point imports anything: Lightning comes with the same packages deferred as in a lone run, not
+    with every optional package of torchmetrics (about 3.5 CPU-s of each rank's start)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    out = subprocess.run([sys.executable, "-c", RANK_SUFFIX], capture_output=True, text=True, timeout=300,
+                         env=env | LAUNCHED[launcher])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["_rank1", "True", "[]"], out.stdout
