@@ -191,3 +191,22 @@ def test_a_launched_rank_imports_lightning_the_lean_way_when_hydra_names_its_log
                          env=env | LAUNCHED[launcher])
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["_rank1", "True", "[]"], out.stdout
+
+
+DATAMODULE = """
+import sys
+from attnlab.data.digits import DigitsDataModule
+print('lightning.pytorch' in sys.modules, sorted(m for m in ('transformers', 'scipy', 'matplotlib') if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("lean", ["1", "0"])
+def test_a_script_importing_a_datamodule_gets_the_same_lean_lightning(lean):
+    """A process that imports attnlab's modules without an entry point (a benchmark's child process, a user's
+    script) first imports Lightning where a datamodule's module imports it: importing attnlab installed the finder
+    that makes that import the lean one. ATTNLAB_LEAN_IMPORTS=0 imports everything, as a plain import does."""
+    out = subprocess.run([sys.executable, "-c", DATAMODULE], capture_output=True, text=True, timeout=300,
+                         env=os.environ | {"ATTNLAB_LEAN_IMPORTS": lean})
+    assert out.returncode == 0, out.stderr[-3000:]
+    deferred = "[]" if lean == "1" else "['matplotlib', 'scipy', 'transformers']"
+    assert out.stdout.strip().split(maxsplit=1) == ["True", deferred], out.stdout

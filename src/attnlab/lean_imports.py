@@ -34,7 +34,10 @@ Nothing is patched, and the deferring finder answers as the machine is, without 
   imports, though a plain import would bind it; torchvision and transformers spell every name torchmetrics imports.
 
 The same goes for wandb while timm is first imported (DEFERRED_WHILE): timm imports it at its start for a logging
-helper of its own training scripts.
+helper of its own training scripts. Importing attnlab puts that finder on sys.meta_path (`install()`), and it makes
+the first import of Lightning or torchmetrics, wherever it comes from, as `import_lightning()` makes it: a process
+that imports attnlab's modules without an entry point (a benchmark's child process, a user's script or notebook)
+starts as lean as `train.py`.
 
 `ATTNLAB_LEAN_IMPORTS=0` imports everything at once.
 """
@@ -62,8 +65,11 @@ DEFERRED = ("torchvision", "transformers", "scipy", "torchmetrics.utilities.plot
 FOR_REAL_WITH = {"scipy": "gammatone"}
 
 # packages whose own import, whenever it comes, is made with others deferred: timm imports wandb as it starts, for a
-# logging helper of its training scripts (timm.utils.summary): 0.5 s of every image run's start
-DEFERRED_WHILE = {"timm": ("wandb",)}
+# logging helper of its training scripts (timm.utils.summary): 0.5 s of every image run's start. Lightning and
+# torchmetrics too, with deferred_packages(), for a process that imports attnlab's modules without an entry point
+# (a benchmark's child process, a user's script or notebook): importing attnlab installs the finder (install())
+LIGHTNING = ("lightning", "pytorch_lightning", "torchmetrics")
+DEFERRED_WHILE = {"timm": ("wandb",), **{name: DEFERRED for name in LIGHTNING}}
 
 # packages a deferred name has asked for for real: no longer deferred, even while the finder is still installed
 _UNDEFERRED: set[str] = set()
@@ -80,7 +86,15 @@ def import_lightning() -> None:
     with deferring(deferred_packages()):
         import torchmetrics  # noqa: F401
         import lightning.pytorch  # noqa: F401
-    if any(p not in sys.modules for p in DEFERRED_WHILE) and not any(isinstance(f, _DeferWhile) for f in sys.meta_path):
+    install()
+
+
+def install() -> None:
+    """_DeferWhile on sys.meta_path (once), while a package of DEFERRED_WHILE is still to be imported; nothing where
+    ATTNLAB_LEAN_IMPORTS=0."""
+    if os.environ.get("ATTNLAB_LEAN_IMPORTS", "1") == "0" or any(isinstance(f, _DeferWhile) for f in sys.meta_path):
+        return
+    if any(p not in sys.modules for p in DEFERRED_WHILE):
         sys.meta_path.insert(0, _DeferWhile())
 
 
@@ -102,8 +116,9 @@ def deferring(packages: tuple[str, ...] = DEFERRED) -> Iterator[None]:
     finally:
         _DEFERRING -= 1
         sys.meta_path.remove(finder)
-        for name in [n for n, m in sys.modules.items() if isinstance(m, DeferredModule)]:
-            _forget(name)
+        if not _DEFERRING:  # the outermost block: a block within another leaves its stand-ins to the other's end
+            for name in [n for n, m in sys.modules.items() if isinstance(m, DeferredModule)]:
+                _forget(name)
 
 
 def _forget(name: str) -> None:
@@ -186,7 +201,8 @@ class _DeferWhile(importlib.abc.MetaPathFinder):
         spec = _real_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _LoaderDeferring(spec.loader, DEFERRED_WHILE[name])
+        packages = deferred_packages() if name in LIGHTNING else DEFERRED_WHILE[name]
+        spec.loader = _LoaderDeferring(spec.loader, tuple(p for p in packages if _top(p) not in sys.modules))
         if all(p in sys.modules or p == name for p in DEFERRED_WHILE) and self in sys.meta_path:
             sys.meta_path.remove(self)  # the import system stops at the spec found: its loop over sys.meta_path ends
         return spec
@@ -202,6 +218,7 @@ class _LoaderDeferring(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader  # the module's own loader, once it is found
         with deferring(self.packages):
             self.loader.exec_module(module)
 
