@@ -11,7 +11,9 @@ be signalled, killed and waited for like any other. What it shares with its sibl
 A variable that a preloaded module reads when it is imported (OMP_NUM_THREADS, HF_HUB_OFFLINE, HOME, TMPDIR, ...)
 cannot change in a forked child: a command whose environment differs from the server's in one of them, anything
 other than a script or a module, and every command when ATTNLAB_TEST_PREFORK=0 (in the tests' environment or the
-command's), run as a real `python` process. What the server preloads it imports the way the entry points do
+command's), run as a real `python` process. PYTHONPATH is the exception: the child's sys.path is made from it as
+the interpreter makes it, unless it would shadow a module the server imported or run a sitecustomize
+(Server.shadowed). What the server preloads it imports the way the entry points do
 (attnlab.cli.app.import_run_stack), so that a forked run ends with the modules a new process ends
 with (tests/test_prefork.py compares them).
 """
@@ -39,10 +41,19 @@ PRELOAD = ["attnlab.cli.app", "hydra", "omegaconf", "attnlab.config"]
 IMPORT_TIME = ("PYTHON", "OMP_", "MKL_", "TORCH_", "TORCHDYNAMO", "TORCHINDUCTOR", "CUDA", "HF_", "HUGGINGFACE",
                "TRANSFORMERS", "TOKENIZERS", "HOME", "TMPDIR", "XDG_", "MPL", "LD_", "MALLOC")
 IMPORT_TIME_EXCEPT = {"PYTHONUNBUFFERED",  # the server's streams are unbuffered
+                      "PYTHONPATH",  # put on the child's sys.path as the interpreter would (Server.shadowed)
                       "TORCHINDUCTOR_CACHE_DIR"}  # read when inductor compiles
 
 SERVER = r'''
-import json, os, random, runpy, signal, socket, sys, threading
+import importlib, json, os, random, runpy, signal, socket, sys, threading
+
+
+def python_path(env):
+    """The entries PYTHONPATH puts on sys.path, as the interpreter puts them: absolute, an empty one the folder."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(p) for p in value.split(os.pathsep)] if value else []
+
+
 for name in sys.argv[2].split(","):
     __import__(name)
 from attnlab.cli.app import import_run_stack
@@ -52,7 +63,9 @@ server.bind(sys.argv[1])
 server.listen(16)
 server.settimeout(2.0)
 parent = os.getppid()
-print("ready", flush=True)
+# the server's own PYTHONPATH entries on sys.path, as the interpreter made them (absolute, from its start folder)
+OWN_PATH = python_path(os.environ)
+print("ready", json.dumps(sorted({name.partition(".")[0] for name in sys.modules})), flush=True)
 
 
 def child(request):
@@ -62,6 +75,10 @@ def child(request):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # the child's PYTHONPATH in place of the server's (Server.accepts: it shadows no module the server imported)
+    rest = [p for p in sys.path[1:] if p not in OWN_PATH]
+    sys.path[1:] = list(dict.fromkeys(python_path(os.environ) + rest))
+    importlib.invalidate_caches()
     random.seed()
     sys.argv = list(request["argv"])
     from attnlab.cli.app import run_process  # the end of a process, as the entry points end theirs
@@ -132,14 +149,30 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", SERVER, self.address, ",".join(PRELOAD)],
                                      env=self.env, cwd=self.folder, stdout=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True)
-        if self.proc.stdout.readline().strip() != "ready":
+        ready, _, imported = self.proc.stdout.readline().strip().partition(" ")
+        if ready != "ready":
             raise RuntimeError(f"the prefork server did not start (exit {self.proc.wait()})")
+        self.imported = set(json.loads(imported))  # the top-level modules the server imported
         self.children: set[Forked] = set()
         atexit.register(self.close)
 
-    def accepts(self, env: dict) -> bool:
+    def accepts(self, env: dict, cwd: str) -> bool:
         keys = {k for k in set(env) | set(self.env) if k.startswith(IMPORT_TIME) and k not in IMPORT_TIME_EXCEPT}
-        return all(env.get(k) == self.env.get(k) for k in keys)
+        return all(env.get(k) == self.env.get(k) for k in keys) and not self.shadowed(env, cwd)
+
+    def shadowed(self, env: dict, cwd: str) -> set[str]:
+        """What a PYTHONPATH of the command's, not the server's, would import in place of a module the server has
+        imported (a wheel's site folder with attnlab in it), or would run as the interpreter starts (sitecustomize):
+        such a command runs as a real process."""
+        value, own = env.get("PYTHONPATH", ""), self.env.get("PYTHONPATH", "")
+        folders = [os.path.join(cwd, p) for p in value.split(os.pathsep)] if value and value != own else []
+        names = set()
+        for folder in folders:
+            try:
+                names |= {entry.partition(".")[0] for entry in os.listdir(folder)}
+            except OSError:
+                continue
+        return names & (self.imported | {"sitecustomize", "usercustomize"})
 
     def close(self) -> None:
         for child in list(self.children):  # what is still running when the tests end (interrupted, failed)
@@ -268,7 +301,7 @@ def Popen(args, cwd=None, env=None, stdout=None, stderr=None, text=False, start_
     module = args[2] if len(args) > 2 and args[0] == sys.executable and args[1] == "-m" else None
     env_of_child = env if env is not None else dict(os.environ)
     if (os.environ.get("ATTNLAB_TEST_PREFORK") == "0" or env_of_child.get("ATTNLAB_TEST_PREFORK") == "0"
-            or not (script or module) or kwargs or not server().accepts(env_of_child)):
+            or not (script or module) or kwargs or not server().accepts(env_of_child, str(cwd or os.getcwd()))):
         return subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
                                 start_new_session=start_new_session, **kwargs)
     return Forked(args, module, cwd, env, stdout, stderr, text)

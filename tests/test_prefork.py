@@ -52,6 +52,34 @@ def test_a_forked_process_is_its_own_to_signal_and_an_import_time_variable_force
     assert isinstance(other, subprocess.Popen) and other.wait(timeout=60) == 0
 
 
+PATH_PROBE = "import sys, usermod; print(usermod.NAME, sys.path[1:])"
+
+
+def test_a_pythonpath_of_the_commands_own_is_its_sys_path_unless_it_shadows_what_the_server_imported(tmp_path):
+    """A command with a PYTHONPATH of its own (a user's callback module beside the test) is forked, with the sys.path
+    a new process gets from it; one whose PYTHONPATH would import a module the server has already imported in place
+    of it (a wheel's site folder with attnlab in it), or holds a module a new interpreter runs as it starts
+    (sitecustomize), runs as a real process."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "usermod.py").write_text("NAME = 'user'")
+    (tmp_path / "probe.py").write_text(PATH_PROBE)
+    env = {**prefork.server().env, "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), "", "rel"])}
+    proc = prefork.Popen([sys.executable, str(tmp_path / "probe.py")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    assert isinstance(proc, prefork.Forked)
+    forked = proc.communicate(timeout=60)[0]
+    real = subprocess.run([sys.executable, str(tmp_path / "probe.py")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert forked == real.stdout and forked.startswith(f"user ['{tmp_path / 'mods'}', '{tmp_path}', "), (forked, real)
+    (tmp_path / "site" / "attnlab").mkdir(parents=True)
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text("")
+    for folder in ("site", "hook"):
+        shadowing = prefork.Popen([sys.executable, str(tmp_path / "probe.py")], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                  env={**env, "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), folder])})
+        assert isinstance(shadowing, subprocess.Popen) and shadowing.wait(timeout=60) == 0, folder
+
+
 def test_the_entry_points_are_forked_after_a_training_in_the_test_process(tmp_path):
     """Lightning and torch set variables of their own while a test trains in-process (PL_GLOBAL_SEED, KMP_*, ...):
     they must not make every later command a real process."""
