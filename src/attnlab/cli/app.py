@@ -63,7 +63,6 @@ def begin(cfg: DictConfig) -> None:
     from attnlab import trust
     from attnlab.config import check_compatible, prepare
 
-    import_run_stack()  # as the scripts import it, also where train() is called from a notebook or a script
     trust.from_command(cfg)  # whether this command trusts its files, and what its own config names
     prepare(cfg)
     if "model" in cfg and "data" in cfg:

@@ -18,9 +18,9 @@ default id, `none`, names no launch). Only rank 0 writes Hydra's `.hydra` folder
 `train_rank<N>.log` (the `rank_zero_only` and `rank_suffix` resolvers of conf/hydra/default.yaml). A process that no
 launcher started (Lightning's own DDP children come with `hydra.run.dir` set) claims its folder as before.
 
-Nothing here imports torch unless the process was started by torchrun or srun; one that was imports Lightning the
-way the entry points do (attnlab.lean_imports), since a rank resolves its log file's name while Hydra sets up
-logging, before the entry point imports anything.
+Nothing here imports torch unless the process was started by torchrun or srun. A rank asks Lightning's cluster
+environments for its rank while Hydra sets up logging, before the entry point imports anything: importing attnlab
+made that first import of Lightning the lean one (attnlab.lean_imports.install).
 """
 
 from __future__ import annotations
@@ -62,17 +62,19 @@ def current_launch() -> Launch | None:
     """The launch this process is a rank of; None for a process that no launcher started."""
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env:
-        environments = _environments()
-        if environments.TorchElasticEnvironment.detect():
+        from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+        if TorchElasticEnvironment.detect():
             run_id = env["TORCHELASTIC_RUN_ID"]
             key = None if run_id in ("", "none") else "torchrun-" + _safe(run_id)
             restart = int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
-            return Launch("torchrun", environments.TorchElasticEnvironment().global_rank(), restart, key,
+            return Launch("torchrun", TorchElasticEnvironment().global_rank(), restart, key,
                           f"torchrun (run id {run_id}, world size {env.get('WORLD_SIZE')})",
                           f"torchrun {run_id} restart {restart} world {env.get('WORLD_SIZE')}")
     if "SLURM_STEP_ID" in env and "SLURM_JOB_ID" in env:  # a task of `srun`, not the batch script itself
-        if _environments().SLURMEnvironment.detect():  # not `srun --job-name=interactive|bash`, which Lightning too
-            # leaves alone
+        from lightning.fabric.plugins.environments import SLURMEnvironment
+
+        if SLURMEnvironment.detect():  # not `srun --job-name=interactive|bash`, which Lightning leaves alone too
             job, step = env["SLURM_JOB_ID"], env["SLURM_STEP_ID"]
             key = _safe(f"slurm-{env.get('SLURM_CLUSTER_NAME', 'cluster')}-{job}.{step}")
             # SLURMEnvironment.global_rank() (its constructor would refuse what the Trainer refuses, later, itself)
@@ -82,18 +84,6 @@ def current_launch() -> Launch | None:
                           f"slurm {key} restart {restart} nodes {env.get('SLURM_STEP_NODELIST', '')} "
                           f"tasks {env.get('SLURM_STEP_NUM_TASKS', '')}")
     return None
-
-
-def _environments():
-    """lightning.fabric.plugins.environments, Lightning imported as the entry points import it: Hydra's logging
-    set-up is often the first to ask (`${rank_suffix:}`), and a plain first `import lightning` would import every
-    optional package of torchmetrics with it (attnlab.lean_imports)."""
-    from attnlab.lean_imports import import_lightning
-
-    import_lightning()
-    from lightning.fabric.plugins import environments
-
-    return environments
 
 
 def launch_rank() -> int:
