@@ -30,6 +30,9 @@ def _reset() -> None:
     import attnlab.cli.train as train
 
     train._rerun, rerun._run_dir, rerun._asked, rerun._given = None, None, [], None
+    from attnlab import trust
+
+    trust.reset()
     for logger in (logging.getLogger(), logging.getLogger("attnlab")):
         for handler in list(logger.handlers):
             logger.removeHandler(handler)

@@ -196,29 +196,47 @@ def test_a_payload_in_a_sharded_checkpoints_meta_pt(base, tmp_path):
     assert load_checkpoint(folder)["state_dict"].keys() == state["state_dict"].keys()
 
 
-def test_what_a_config_names_is_built_only_when_attnlab_or_the_command_names_it(monkeypatch):
+def test_what_a_file_names_is_built_only_from_the_table_or_the_commands_own_config(monkeypatch):
+    """attnlab.trust.decide: exact names of the table, or the command's own config at the same key, or what a module
+    of the command's own extras.imports defines; never what merely resolves, nor a word elsewhere on the command."""
     from attnlab import trust
 
-    trust.from_command({"extras": {"imports": ["mypkg.nets"]}, "model": {"_target_": "mypkg.tasks.Mine"}})
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "userproject"))
+    import userpkg.nets  # noqa: F401  (extras.imports has imported it by the time anything is built)
+
+    trust.from_command({"extras": {"imports": ["userpkg.nets"]}, "model": {"_target_": "mypkg.tasks.Mine"},
+                        "ckpt_path": "weights-os.system-v2.ckpt", "task_name": "os.system"})
     refused = {name: trust.refused_name(node) for name, node in {
         "attnlab class": {"model": {"_target_": "attnlab.tasks.classification.ImageClassifier"}},
         "packaged optimizer": {"optimizer": {"_target_": "torch.optim.AdamW"}},
-        "named by the command": {"model": {"_target_": "mypkg.tasks.Mine", "net": "mypkg.nets.Net"}},
+        "its qualified name": {"optimizer": {"_target_": "torch.optim.adamw.AdamW"}},
+        "named by the command": {"model": {"_target_": "mypkg.tasks.Mine"}},
+        "defined in an import": {"model": {"net": "userpkg.nets.TinyCNN"}},
         "timm name": {"model": {"backbone": "vit_base_patch16_224.augreg_in21k"}},
+        "the command's name at another key": {"optimizer": {"_target_": "mypkg.tasks.Mine"}},
+        "imported by an import": {"model": {"net": "userpkg.nets.nn.Module"}},
         "attnlab function": {"optimizer": {"_target_": "attnlab.utils.atomic.write_text"}},
+        "stdlib class through attnlab": {"model": {"net": "attnlab.lineage.subprocess.Popen"}},
+        "stdlib through attnlab's builders": {"data": {"_target_": "attnlab.cli.builders.logging.FileHandler"}},
         "stdlib callable": {"scheduler": {"_target_": "os.system"}},
+        "a word of the command": {"model": {"net": "os.system"}},
         "an import": {"extras": {"imports": ["evil"]}},
         "a dotted network": {"model": {"net": "evil.Net"}},
     }.items()}
-    assert {k for k, v in refused.items() if v is None} == {"attnlab class", "packaged optimizer",
-                                                           "named by the command", "timm name"}
+    assert {k for k, v in refused.items() if v is None} == {
+        "attnlab class", "packaged optimizer", "its qualified name", "named by the command", "defined in an import",
+        "timm name"}
     assert refused["an import"] == ("extras.imports[0]", "module", "evil")
     assert refused["a dotted network"] == ("model.net", "callable", "evil.Net")
+    # a checkpoint's hyperparameters, under every key Lightning reads, are the run config's model keys
+    for part in ("hyper_parameters", "hparams", "module_arguments"):
+        assert trust.refused_name({part: {"net": "os.system"}}) == (f"{part}.net", "callable", "os.system")
+        assert trust.refused_name({part: {"net": "userpkg.nets.TinyCNN"}}) is None
     trust.set_trusted(True)
     try:
         assert trust.refused_name({"extras": {"imports": ["evil"]}}) is None
     finally:
-        trust.from_command({})
+        trust.reset()
 
 
 def test_a_cifar_batch_is_read_without_running_anything(tmp_path):

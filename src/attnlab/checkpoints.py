@@ -28,8 +28,9 @@ from attnlab.errors import UserError
 from attnlab.utils.sharded import is_checkpoint, is_sharded
 
 ZIP_MAGIC = b"PK\x03\x04"
-# the parts of a checkpoint, besides its run's config, that name what loading it builds (Lightning's hparams)
-NAMING = ("hyper_parameters", "datamodule_hyper_parameters")
+# the parts of a checkpoint, besides its run's config, that name what loading it builds: every key of hyperparameters
+# Lightning reads (attnlab.trust.HPARAMS)
+NAMING = tuple(trust.HPARAMS)
 
 
 def newest_last(folder: Path) -> Path | None:
@@ -261,7 +262,7 @@ def _load_other(path: Path, key: str, trusted: bool, map_location: Any) -> Any:
 
 def _load_sharded(path: Path, key: str, trusted: bool) -> dict[str, Any]:
     from attnlab.utils.safe_pickle import UnsafeGlobal
-    from attnlab.utils.sharded import read_sharded
+    from attnlab.utils.sharded import UnsafeBytes, read_sharded
 
     def read_meta(meta: Path) -> Any:  # its names are checked with the whole checkpoint's
         return _load_file(meta, key, False, trusted, "cpu")
@@ -270,6 +271,9 @@ def _load_sharded(path: Path, key: str, trusted: bool) -> dict[str, Any]:
         return read_sharded(path, read_meta, trusted)
     except UnsafeGlobal as e:
         raise unsafe(key, path, [e.name], inside=" (its .metadata, torch.distributed.checkpoint's)") from None
+    except UnsafeBytes as e:
+        raise unsafe(key, path, _global_of(e.error) or [_detail(e.error)],
+                     inside=f" (its value {e.fqn}, which its shards store as bytes)") from None
     except UserError:
         raise
     except Exception as e:  # a shard cut short or missing, a .metadata that is no pickle

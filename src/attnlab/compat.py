@@ -8,6 +8,7 @@ Nothing else in attnlab touches a private Lightning or torchmetrics attribute.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
@@ -15,6 +16,8 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from attnlab.utils.atomic import link_file
+
+log = logging.getLogger("attnlab")
 
 
 # ---- Lightning
@@ -194,13 +197,32 @@ class CheckpointBase(ModelCheckpoint):
 
     def _remove_checkpoint(self, trainer, filepath: str) -> None:
         """A checkpoint that top-k prunes while last.ckpt is a symbolic link to it is renamed to last.ckpt instead
-        of deleted: last.ckpt never dangles, not even until it is linked to the new checkpoint."""
+        of deleted: last.ckpt never dangles, not even until it is linked to the new checkpoint. Only a file of this
+        run's checkpoint folder is ever removed."""
+        if not holds(self.dirpath, filepath):
+            log.warning("kept %s: it is not a file of this run's checkpoint folder %s", filepath, self.dirpath)
+            return
         last = self.last_model_path
         if (trainer.is_global_zero and last and os.path.islink(last)
                 and os.path.realpath(last) == os.path.realpath(filepath)):
             os.replace(filepath, last)
         else:
             super()._remove_checkpoint(trainer, filepath)
+
+
+def holds(dirpath: str | None, path: str) -> bool:
+    """Whether `path` is inside the checkpoint folder `dirpath` (a local one: its real path; object storage: by
+    prefix). A protocol other than the folder's (`local://`, `s3://`) is outside."""
+    if not dirpath or not path:
+        return False
+    if not _is_local_file_protocol(dirpath):
+        return str(path).startswith(str(dirpath).rstrip("/") + "/") and ".." not in str(path).split("/")
+    if not _is_local_file_protocol(path) or str(path).startswith("file:"):
+        return False
+    real = os.path.realpath(os.path.dirname(os.path.abspath(os.path.expanduser(str(path)))))
+    top = os.path.realpath(dirpath)
+    return (real == top or real.startswith(top.rstrip(os.sep) + os.sep)) and os.path.basename(str(path)) not in (
+        "", ".", "..")
 
 
 def _is_link(path: str) -> bool:

@@ -1,47 +1,86 @@
-"""Secrets never reach a run folder, which people copy, share and publish.
+"""Secrets never reach a run folder, which people copy, share and publish, nor the terminal. One rule decides what is a
+secret (`is_secret_key`: a key, token, secret, password, credential or PAT, in any naming style), by key and by value:
 
-A key, token or password given on the command line (an override whose last key names one, e.g.
-`+logger.wandb.settings.api_key=...`, `+data.hf_token=...`) is taken off the command line before Hydra sees it
-(`take_secret_overrides`, first thing in every entry point), so Hydra's `.hydra/` files, a sweep's folder names,
-`--cfg` and the lineage's command never hold it; the run's config gets it back in memory (`restore`, at the end of
-`begin`), where the constructors that need it read it. The processes a run starts itself (DDP's, which compose from
-the run folder's `.hydra/config.yaml`) find it in their environment (`ATTNLAB_SECRET_OVERRIDES`).
-
-What attnlab writes from the config (`config.yaml`, the checkpoints' run config, the loggers' hyperparameters: W&B's
-config, the CSV logger's hparams.yaml) goes through `redact`: the value of every key that names a secret, and every
-occurrence of a secret's value anywhere (those given on the command line, and the environment's own: WANDB_API_KEY,
-HF_TOKEN, any variable whose name ends in _KEY, _TOKEN, _PASSWORD or _SECRET), is replaced by `MASK`.
+- On the command line (`take_secret_overrides`, first thing in every entry point): an override whose key names a
+  secret, whose value (a dict or list, at any depth) holds such a key, or that holds a secret's value, is taken off
+  before Hydra sees it, so `.hydra/`, a sweep's folder names, `--cfg` and the lineage's command never hold it. It is
+  given back in memory (`restore`, at the end of `begin`): into the config, or for `hydra.job.env_set.<NAME>` into
+  the environment. The processes a run starts itself find it in theirs (`ATTNLAB_SECRET_OVERRIDES`).
+- In what attnlab writes and prints from the config (config.yaml, config_tree.log and its print-out, the
+  checkpoints' run config and hyperparameters, the loggers' hyperparameters, W&B's config) and in every log line
+  (`redact_logs`): the value of every key that names a secret, and every occurrence of a secret's value (those
+  taken off the command line, and those of every environment variable whose name names one), is `MASK`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any
 
 SECRET_ENV = "ATTNLAB_SECRET_OVERRIDES"
 MASK = "<redacted>"
-# the last key of a setting that holds a secret: api_key, apikey, access_key, hf_token, auth_token, token, key,
-# password, db_password, client_secret (not max_tokens, pad_token, sort_key: nouns of their own)
-_SECRET_KEY = re.compile(r"(?:(?:api|access|secret|private|auth|hf|wandb|bearer|client|refresh|session)_?)?"
-                         r"(?:key|token)|[a-z0-9_]*(?:password|passwd|secret)", re.IGNORECASE)
-_SECRET_ENV_NAME = re.compile(r".*(?:_KEY|_TOKEN|PASSWORD|_SECRET)$|^(?:HF_TOKEN|WANDB_API_KEY)$")
+ENV_SET = "hydra.job.env_set."  # an override of Hydra's that sets an environment variable of the job
+# a key names a secret when one of its words (snake_case, camelCase, kebab-case, UPPER_CASE alike) is one of these
+_SECRET_WORDS = frozenset({"secret", "secrets", "password", "passwd", "pwd", "passphrase", "credential",
+                           "credentials", "pat", "apikey", "accesskey", "secretkey", "authtoken"})
+# or when its last word is `key` or `token`, unless the word before it makes it a noun of its own: a vocabulary's
+# token (pad_token, cls_token), a sort or cache key
+_NOUNS = frozenset({"pad", "bos", "eos", "unk", "mask", "cls", "sep", "start", "end", "special", "sort", "cache",
+                    "parent", "sample", "image", "label", "text", "input", "target", "column", "monitor", "metric",
+                    "dict", "hash", "primary", "group", "seq", "class", "type", "data", "batch", "row", "file",
+                    "split", "field", "prompt", "padding", "new", "max", "min", "num", "n", "id"})
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _MIN_LENGTH = 6  # shorter values ("1", "true") are no secrets worth a search through every string
 
 
 def is_secret_key(key: str) -> bool:
-    """Whether a config key (dotted: its last part counts) names a key, a token or a password."""
-    return bool(_SECRET_KEY.fullmatch(str(key).lstrip("+~").rsplit(".", 1)[-1]))
+    """Whether a config key (dotted: its last part counts) or an environment variable names a key, a token, a
+    secret, a password, a credential or a PAT, in any style (`api_key`, `githubToken`, `AWS_SECRET_ACCESS_KEY`)."""
+    words = [w.lower() for w in _WORD.findall(str(key).lstrip("+~").rsplit(".", 1)[-1])]
+    if not words:
+        return False
+    if _SECRET_WORDS & set(words):
+        return True
+    return words[-1] in ("key", "token") and (len(words) == 1 or words[-2] not in _NOUNS)
+
+
+def _parsed(arg: str) -> tuple[str, Any] | None:
+    """(key, value) of an override as Hydra's own parser reads it (a dict, a list, a string, ...); None when it is
+    no plain key=value (Hydra says what is wrong with it)."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        override = OverridesParser.create().parse_override(arg)
+        return override.key_or_group, override.value()
+    except Exception:
+        return None
+
+
+def _holds_secret(value: Any, values: list[str]) -> bool:
+    if isinstance(value, dict):
+        return any(is_secret_key(k) or _holds_secret(v, values) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_secret(v, values) for v in value)
+    return isinstance(value, str) and any(v in value for v in values)
 
 
 def take_secret_overrides(argv: list[str]) -> list[str]:
-    """The command line without its secret overrides (key=value whose key names a secret), which are kept in this
-    process's environment for `restore` (and for the processes it starts)."""
-    kept, taken = [], []
+    """The command line without its secret overrides, which are kept in this process's environment for `restore`
+    (and for the processes it starts): key=value whose key names a secret, whose value (a dict or list, at any depth)
+    holds a key that does, or that holds the value of a secret of the environment."""
+    kept, taken, values = [], [], secret_values()
     for arg in argv:
-        key, sep, _ = arg.partition("=")
-        (taken if sep and not arg.startswith("-") and is_secret_key(key) else kept).append(arg)
+        key, sep, value = arg.partition("=")
+        secret = False
+        if sep and not arg.startswith("-"):
+            secret = is_secret_key(key) or any(v in value for v in values)
+            if not secret and value[:1] in "{[":
+                parsed = _parsed(arg)
+                secret = parsed is not None and _holds_secret(parsed[1], values)
+        (taken if secret else kept).append(arg)
     if taken:
         os.environ[SECRET_ENV] = json.dumps(_stored() + taken)
     return kept
@@ -56,22 +95,29 @@ def _stored() -> list[str]:
 
 
 def restore(cfg: Any) -> None:
-    """The secret overrides taken off the command line, set in the composed config (in memory only)."""
+    """The secret overrides taken off the command line, set in the composed config (in memory only); Hydra's
+    `hydra.job.env_set.<NAME>` set in this process's environment."""
     from omegaconf import OmegaConf, open_dict
 
     for arg in _stored():
-        key, _, value = arg.partition("=")
-        if key.startswith("~"):
+        if arg.startswith("~"):
             continue
-        parsed = OmegaConf.create(f"v: {value}").v if value else value
-        with open_dict(cfg):
-            OmegaConf.update(cfg, key.lstrip("+"), parsed, force_add=True)
+        parsed = _parsed(arg)
+        key, value = parsed if parsed is not None else (arg.partition("=")[0].lstrip("+"), arg.partition("=")[2])
+        if key.startswith(ENV_SET):
+            os.environ[key[len(ENV_SET):]] = str(value)
+        elif not key.startswith("hydra."):
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key, value, force_add=True)
 
 
 def secret_values() -> list[str]:
     """The secrets this process knows: the values of the secret overrides and of the environment's secrets."""
-    values = {arg.partition("=")[2].strip("'\"") for arg in _stored()}
-    values |= {v for k, v in os.environ.items() if _SECRET_ENV_NAME.fullmatch(k) and k != SECRET_ENV}
+    values = set()
+    for arg in _stored():
+        parsed = _parsed(arg)
+        values |= set(_leaves(parsed[1] if parsed is not None else arg.partition("=")[2].strip("'\"")))
+    values |= {v for k, v in os.environ.items() if is_secret_key(k) and k != SECRET_ENV}
     return sorted((v for v in values if len(v) >= _MIN_LENGTH), key=len, reverse=True)
 
 
@@ -91,3 +137,32 @@ def redact_text(text: str, values: list[str] | None = None) -> str:
     for value in secret_values() if values is None else values:
         text = text.replace(value, MASK)
     return text
+
+
+def _leaves(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [str(value)] if value is not None else []
+
+
+class _RedactingFilter(logging.Filter):
+    """A log record's text with the secrets' values masked (on every handler of the run's logs)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        values = secret_values()
+        if values:
+            text = record.getMessage()
+            masked = redact_text(text, values)
+            if masked != text:
+                record.msg, record.args = masked, ()
+        return True
+
+
+def redact_logs() -> None:
+    """Every handler of the root and attnlab loggers (the console, the run's log file) masks the secrets' values."""
+    for logger in (logging.getLogger(), logging.getLogger("attnlab")):
+        for handler in logger.handlers:
+            if not any(isinstance(f, _RedactingFilter) for f in handler.filters):
+                handler.addFilter(_RedactingFilter())

@@ -1,21 +1,20 @@
-"""What a file from elsewhere may make attnlab run: nothing, unless the user says they trust it.
+"""What a file from elsewhere may make attnlab import and build: one rule, decided by `decide`, against one table.
 
-A checkpoint, a run folder or a Hugging Face folder can come from anywhere (a colleague, a paper's page, a shared
-project folder), and so can what it names. Two things guard every entry point:
+A file from elsewhere is a checkpoint, a sharded checkpoint folder, a run folder given to `--rerun` or a Hugging Face
+folder. What it names to import or build (`_target_`s, `extras.imports`, the dotted paths of `model.net` /
+`model.backbone`, in its run config and in every hyperparameter key Lightning reads) is admitted only when:
 
-- Unpickling: checkpoints are loaded with `weights_only=True` (attnlab.checkpoints), other pickles through a
-  restricted unpickler (utils/safe_pickle.py): a file that asks for any other global is refused before anything in it
-  runs.
-- Names: a checkpoint's config and hyperparameters, or a run folder's `.hydra/config.yaml` (`--rerun`), name what
-  attnlab would import and build: `_target_`s (the task, its network, the optimizer and schedule, the data module),
-  `extras.imports`, and the dotted paths of `model.net` / `model.backbone`. Importing or calling them is running code
-  too. Only these are imported or built (`check_names`): attnlab's own classes and modules; what attnlab's packaged
-  configs name (torch's optimizers, Lightning's callbacks, ...); and what the user's own command names: the config
-  folders it composes from (`--config-dir`, `hydra.searchpath`), its command-line overrides and its composed config
-  (`extras.imports` included, whose modules admit what they define). Anything else is refused, naming it.
+1. the name is in the table of what attnlab builds (`buildable`): the exact names its packaged configs give (its
+   tasks, data modules, optimizers, schedules, callbacks, and the torch and Lightning classes they name), and those
+   of the config folders the user composes from (`--config-dir`, `hydra.searchpath`); or the exact
+   `__module__.__qualname__` of one of them; or
+2. this command's own config gives the same name at the same key (`model.net=mypkg.Net`), or the name is defined in
+   a module this command's own `extras.imports` lists (its object's `__module__` is that module).
 
-`trust_checkpoint=true` on the command line (`TRUST_KEY`) lifts both for that command: files are unpickled in full,
-and what they name is imported and built. It is read from the command's own config, never from a file.
+No other word of the command line counts: not a file or folder name, not `task_name`. A file's interpolations may
+read only the environment variables attnlab's packaged configs read (`${oc.env:ATTNLAB_LOG_DIR}`), never another.
+`trust_checkpoint=true` on the command line (`TRUST_KEY`) lifts all of it for that command; it is read from the
+command's own config, never from a file.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,30 +33,75 @@ HOW = (f"If you trust where the file came from, add {TRUST_KEY}=true to the comm
        "full, and the modules and classes its config names (_target_s, extras.imports) are imported and built.")
 # keys whose value may be the dotted path of a class or function of the user's (attnlab.nn.registry, nn/factory.py)
 DOTTED_KEYS = ("net", "backbone")
+NAME_KEYS = ("_target_", *DOTTED_KEYS)
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+_ENV = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]*)")
+# where a checkpoint's hyperparameters sit in the run's config: Lightning reads all four keys (`_load_state` merges
+# the two older ones into the task's arguments), and attnlab's tasks take the optimizer and schedule as their own
+HPARAMS = {"hyper_parameters": "model", "hparams": "model", "module_arguments": "model",
+           "datamodule_hyper_parameters": "data"}
+_OWN_NODES = ("optimizer", "scheduler")
 
-_command: dict[str, Any] = {"trusted": False, "names": frozenset()}
+
+@dataclass
+class Command:
+    """What this command says: whether it trusts its files, the (key, name) pairs its own config gives, the modules
+    its own extras.imports lists. `active`: set by an entry point (library code calling a builder directly is the
+    user's own code, and admits what it is given)."""
+
+    trusted: bool = False
+    named: frozenset[tuple[str, str]] = frozenset()
+    imports: frozenset[str] = frozenset()
+    active: bool = False
+    sealed: bool = False  # set by --rerun: the composed config is the run folder's, not the user's
+    config_dirs: tuple[str, ...] = field(default_factory=tuple)
 
 
-def from_command(cfg: Any, overrides: list[str] | tuple[str, ...] = ()) -> None:
-    """What this command trusts (every entry point's `begin`; `--rerun`'s own command line): its `trust_checkpoint`
-    key, and the names its own composed config and `overrides` (key=value) hold."""
+_command = Command()
+
+
+def from_command(cfg: Any, overrides: list[str] | tuple[str, ...] = (), seal: bool = False) -> None:
+    """What this command says (every entry point's `begin`; `--rerun`, with `seal`, from its own command line alone):
+    its `trust_checkpoint` key, and the names its composed config `cfg` and its `overrides` (key=value) give."""
+    global _command
+    if _command.sealed and not seal:
+        return
     from omegaconf import DictConfig, OmegaConf
 
     node = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg or {})
-    _command["trusted"] = node.get(TRUST_KEY) is True
-    names = {name for _, _, name in names_in({k: v for k, v in node.items() if k != "hydra"})}
-    names |= {name for arg in overrides for name in _DOTTED.findall(str(arg).partition("=")[2])}
-    _command["names"] = frozenset(names)
+    node = {k: v for k, v in node.items() if k != "hydra"}
+    for arg in overrides:
+        key, _, value = str(arg).lstrip("+").partition("=")
+        if key.rsplit(".", 1)[-1] in NAME_KEYS and _DOTTED.fullmatch(value.strip()):
+            _set(node, key, value.strip())
+        elif key == "extras.imports":
+            _set(node, key, [m.strip(" '\"") for m in value.strip("[]").split(",") if m.strip()])
+    named = {(where, name) for where, kind, name in names_in(node) if kind == "callable"}
+    imports = (node.get("extras") or {}).get("imports") if isinstance(node.get("extras"), dict) else None
+    _command = Command(trusted=node.get(TRUST_KEY) is True, named=frozenset(named),
+                       imports=frozenset(str(m) for m in imports or []), active=True, sealed=seal)
+
+
+def _set(node: dict, key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+    node[last] = value
+
+
+def reset() -> None:
+    """No command (between the commands one process runs: tests, notebooks)."""
+    global _command
+    _command = Command()
 
 
 def trusted() -> bool:
     """Whether this command trusts the files it is given (`trust_checkpoint=true`)."""
-    return bool(_command["trusted"])
+    return _command.trusted
 
 
 def set_trusted(on: bool) -> None:
-    _command["trusted"] = bool(on)
+    _command.trusted = bool(on)
 
 
 def names_in(node: Any, where: str = "") -> Iterator[tuple[str, str, str]]:
@@ -87,67 +132,76 @@ def _timm(name: str) -> bool:
         return False
 
 
+# ---- the table
+
 @functools.lru_cache(maxsize=None)
-def _folder_names(folder: str, stamp: float) -> frozenset[str]:
-    """Every name the YAML files of a config folder hold (attnlab's packaged configs, a user's --config-dir)."""
+def _folder_names(folder: str, stamp: float) -> tuple[frozenset[str], frozenset[str]]:
+    """(every name the YAML files of a config folder give, every environment variable they read)."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    names = set()
+    names, env = set(), set()
     for path in sorted(Path(folder).rglob("*.yaml")):
         try:
-            names |= {name for _, _, name in names_in(yaml.load(path.read_text(), Loader=loader))}
+            text = path.read_text()
+            names |= {name for _, _, name in names_in(yaml.load(text, Loader=loader))}
+            env |= set(_ENV.findall(text))
         except (OSError, yaml.YAMLError, UnicodeDecodeError):  # Hydra says what is wrong with it where it composes
             continue
-    return frozenset(names)
+    return frozenset(names), frozenset(env)
 
 
-def _folder(folder: str | Path) -> frozenset[str]:
+def _folder(folder: str | Path) -> tuple[frozenset[str], frozenset[str]]:
     path = Path(folder)
-    return _folder_names(str(path), path.stat().st_mtime) if path.is_dir() else frozenset()
+    return _folder_names(str(path), path.stat().st_mtime) if path.is_dir() else (frozenset(), frozenset())
 
 
-def named_by_user() -> frozenset[str]:
-    """What this command may import and build besides attnlab's own: the names of attnlab's packaged configs, of the
-    config folders the command composes from, of its overrides and of its composed config."""
+def _config_folders() -> list[str]:
+    """attnlab's packaged configs, and the config folders this command composes from."""
     from attnlab.config import CONF_DIR
 
-    names = set(_folder(CONF_DIR)) | set(_command["names"])
+    folders = [str(CONF_DIR)]
     try:
         from hydra.core.hydra_config import HydraConfig
 
         hydra = HydraConfig.get() if HydraConfig.initialized() else None
     except Exception:
         hydra = None
-    if hydra is not None:
-        for source in hydra.runtime.get("config_sources") or []:
-            if source.get("schema") == "file" and source.get("provider") != "hydra":
-                names |= _folder(source["path"])
-        for override in list(hydra.overrides.get("task") or []):
-            names |= set(_DOTTED.findall(str(override).partition("=")[2]))
-    return frozenset(names)
+    for source in (hydra.runtime.get("config_sources") or []) if hydra is not None else []:
+        if source.get("schema") == "file" and source.get("provider") != "hydra":
+            folders.append(str(source["path"]))
+    return folders
 
 
-def _allowed(kind: str, name: str, named: frozenset[str]) -> bool:
+def buildable() -> frozenset[str]:
+    """The table: every name attnlab's packaged configs and the user's config folders give (moved `_target_`s named
+    as they are now)."""
     from attnlab.config import current_target
 
-    name = current_target(name) if kind == "callable" else name
-    if kind == "module":  # a named module, attnlab's, or a package of what is named (imported with it)
-        return name == "attnlab" or name.startswith("attnlab.") or any(
-            n == name or n.startswith(name + ".") for n in named)
-    if name in named or name.rsplit(".", 1)[0] in named:  # named, or defined in a module the user imports
-        return True
-    if name.startswith("attnlab."):  # attnlab's own classes (its functions only where its configs name them)
-        try:
-            found = _attnlab_object(name)
-        except (ImportError, AttributeError):  # nothing of that name (renamed since): nothing to run; its builder
-            return True  # says so
-        return isinstance(found, type)
-    return False
+    names = set()
+    for folder in _config_folders():
+        names |= _folder(folder)[0]
+    return frozenset(current_target(n) for n in names)
 
 
-def _attnlab_object(name: str) -> Any:
-    """What a dotted name of attnlab's own is: its longest importable module, then attributes."""
+@functools.lru_cache(maxsize=None)
+def _qualified(names: frozenset[str]) -> frozenset[str]:
+    """The exact `__module__.__qualname__` of each name of the table that resolves."""
+    found = set()
+    for name in names:
+        obj = _resolve(name)
+        if obj is not None:
+            found.add(_qualname(obj))
+    return frozenset(found)
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+
+
+def _resolve(name: str) -> Any:
+    """The object a dotted name of an already trusted module names (its longest importable module, then
+    attributes), or None."""
     import importlib
 
     parts = name.split(".")
@@ -156,10 +210,70 @@ def _attnlab_object(name: str) -> Any:
             found = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
-        for part in parts[i:]:
-            found = getattr(found, part)
+        try:
+            for part in parts[i:]:
+                found = getattr(found, part)
+        except AttributeError:
+            return None
         return found
-    raise ImportError(name)
+    return None
+
+
+def readable_env() -> frozenset[str]:
+    """The environment variables a file's interpolations may read: those attnlab's packaged configs read."""
+    from attnlab.config import CONF_DIR
+
+    return _folder(CONF_DIR)[1]
+
+
+# ---- the rule
+
+def decide(kind: str, name: str, key: str | None = None) -> bool:
+    """Whether this command may import (`kind` "module") or build ("callable") `name`, which a file from elsewhere
+    gives at `key` (the run config's dotted key; None: at any key)."""
+    from attnlab.config import current_target
+
+    if _command.trusted:
+        return True
+    name = current_target(name) if kind == "callable" else name
+    if kind == "module":  # attnlab's own modules, and those the command itself imports
+        return name == "attnlab" or name.startswith("attnlab.") or name in _command.imports
+    if any(name == n and (key is None or key == k) for k, n in _command.named):
+        return True
+    module = next((m for m in _command.imports if name.startswith(m + ".")), None)
+    if module is not None:  # defined in a module the command imports (imported by it already)
+        obj = _resolve(name)
+        return obj is not None and getattr(obj, "__module__", None) == module and _qualname(obj) == name
+    table = buildable()
+    if name in table:
+        obj = _resolve(name)
+        return obj is not None and _qualname(obj) in _qualified(table)
+    return name in _qualified(table)
+
+
+def admit(kind: str, name: str, key: str | None = None) -> None:
+    """What a builder calls before it imports or builds a name: refused (UserError) when an entry point's command
+    does not admit it (`decide`); a builder called outside any entry point builds what its caller gives."""
+    if _command.active and not decide(kind, name, key):
+        raise refusal(key or "a config", kind, name, "the config being built")
+
+
+def admit_node(node: Any, where: str) -> None:
+    """`admit` for every name of a config node about to be built (`where`: its key in the run config)."""
+    if _command.active:
+        for here, kind, name in names_in(node, where):
+            admit(kind, name, config_key(here))
+
+
+def config_key(where: str) -> str:
+    """The run config's key for a key of a checkpoint's parts (`config.model.net` -> `model.net`,
+    `hyper_parameters.net` -> `model.net`, `hyper_parameters.optimizer._target_` -> `optimizer._target_`)."""
+    part, _, rest = where.partition(".")
+    if part == "config":
+        return rest
+    if part in HPARAMS and rest:
+        return rest if HPARAMS[part] == "model" and rest.split(".")[0] in _OWN_NODES else f"{HPARAMS[part]}.{rest}"
+    return where
 
 
 def refused_name(node: Any, trusting: bool | None = None) -> tuple[str, str, str] | None:
@@ -167,28 +281,58 @@ def refused_name(node: Any, trusting: bool | None = None) -> tuple[str, str, str
     when it trusts its files: `trusting`, by default the command's trust_checkpoint)."""
     if trusted() if trusting is None else trusting:
         return None
-    named = None
     for where, kind, name in names_in(node):
-        if name.startswith("attnlab.") and kind == "module":
-            continue
-        named = named if named is not None else named_by_user()
-        if not _allowed(kind, name, named):
+        if not decide(kind, name, config_key(where)):
             return where, kind, name
     return None
 
 
-def check_names(node: Any, source: str, trusting: bool | None = None) -> None:
-    """Refuse a file's config (`source`: what the user gave, e.g. `ckpt_path: <path>`) that names a module or a
-    callable this command may not import or build."""
-    found = refused_name(node, trusting)
-    if found is None:
-        return
-    where, kind, name = found
+def refused_env(node: Any) -> tuple[str, str] | None:
+    """The first (key, variable) of `node` whose interpolation reads an environment variable attnlab's own configs
+    do not read."""
+    allowed = readable_env()
+    for where, value in _strings(node):
+        for variable in _ENV.findall(value):
+            if variable not in allowed:
+                return where, variable
+    return None
+
+
+def _strings(node: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _strings(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _strings(value, f"{where}[{i}]")
+    elif isinstance(node, str) and "${" in node:
+        yield where, node
+
+
+def refusal(source: str, kind: str, name: str, where: str) -> UserError:
     what = f"the module {name}" if kind == "module" else f"{name}"
     module = name if kind == "module" else name.rsplit(".", 1)[0]
     verb = "import" if kind == "module" else "import and call"
-    raise UserError(
-        f"{source} names {what} ({where}), which attnlab would {verb}, but which is neither attnlab's own nor named "
-        "by this command's configs or command line. Importing or calling what a file from elsewhere names can run "
-        "any code as you: nothing of it was imported. If it is your own code, name it in this command: the config "
-        f"folder that names it (--config-dir, hydra.searchpath), or extras.imports=[{module}]. {HOW}")
+    return UserError(
+        f"{source} names {what} ({where}), which attnlab would {verb}, but which is neither in the table of what "
+        "attnlab builds nor given by this command's own config at that key. Importing or calling what a file from "
+        "elsewhere names can run any code as you: nothing of it was imported. If it is your own code, name it in "
+        f"this command: extras.imports=[{module}], or the config folder that names it (--config-dir). {HOW}")
+
+
+def check_names(node: Any, source: str, trusting: bool | None = None) -> None:
+    """Refuse a file's config (`source`: what the user gave, e.g. `ckpt_path: <path>`) that names a module or a
+    callable this command may not import or build, or whose interpolations read the environment."""
+    if trusted() if trusting is None else trusting:
+        return
+    found = refused_name(node, trusting=False)
+    if found is not None:
+        where, kind, name = found
+        raise refusal(source, kind, name, where)
+    env = refused_env(node)
+    if env is not None:
+        where, variable = env
+        raise UserError(
+            f"{source} reads the environment variable {variable} (${{oc.env:{variable}}}, at {where}), which none "
+            "of attnlab's configs reads: a file from elsewhere that resolved it would copy your environment's value "
+            f"into this run's files. Nothing of it was resolved. Remove the interpolation from the file. {HOW}")

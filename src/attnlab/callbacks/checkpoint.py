@@ -23,7 +23,9 @@ filesystem allows), made at a temporary name and renamed too: the run keeps each
 from __future__ import annotations
 
 import difflib
+import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from fsspec.utils import get_protocol
@@ -31,9 +33,12 @@ from fsspec.utils import get_protocol
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from attnlab.compat import CheckpointBase, redo_interrupted_validation
+from attnlab.compat import CheckpointBase, holds, redo_interrupted_validation
 from attnlab.errors import UserError
 from attnlab.utils.atomic import atomic_path
+from attnlab.utils.printable import printable
+
+log = logging.getLogger("attnlab")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -78,6 +83,21 @@ class ModelCheckpoint(CheckpointBase):
         metrics = self._trainer.callback_metrics if self._trainer is not None else {}
         state["monitored_value"] = metrics.get(self.monitor) if self.monitor else None
         return state
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Before any callback's state is restored: every path in them that is not inside this run's checkpoint
+        folder dropped, with one line (a file from elsewhere cannot make a callback delete or write there)."""
+        dropped = []
+        for name, state in (checkpoint.get("callbacks") or {}).items():
+            if isinstance(state, dict):
+                kept, gone = confined(state, self.dirpath)
+                state.clear()
+                state.update(kept)
+                dropped += [f"{name}: {g}" for g in gone]
+        if dropped:
+            log.warning("the checkpoint's callback state names %d path%s outside this run's checkpoint folder %s, "
+                        "dropped: %s", len(dropped), "" if len(dropped) == 1 else "s", self.dirpath,
+                        "; ".join(printable(d) for d in dropped[:3]) + (" ..." if len(dropped) > 3 else ""))
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(_moved(state_dict, self.dirpath))
@@ -155,6 +175,38 @@ class ModelCheckpoint(CheckpointBase):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)) and not trainer.sanity_checking:
             self.save_last_now(trainer)
+
+
+_PATH_KEYS = ("path", "dir", "dirpath", "file", "filename")
+
+
+def _is_path(key: Any, value: str) -> bool:
+    return value.startswith(("/", "~")) or "://" in value or ".." in Path(value).parts or (
+        isinstance(key, str) and key.lower().endswith(_PATH_KEYS) and bool(value))
+
+
+def confined(state: Any, dirpath: str | None, key: Any = None) -> tuple[Any, list[str]]:
+    """(a callback's state without the paths that are not inside `dirpath`, those paths). A path with a protocol
+    (`local://`, `s3://`) counts as one; the state's own `dirpath` is kept (Lightning compares it with its own)."""
+    if isinstance(state, dict):
+        kept, gone = {}, []
+        for k, v in state.items():
+            if k == "dirpath":
+                kept[k] = v
+                continue
+            if isinstance(k, str) and _is_path(None, k) and not holds(dirpath, k):  # best_k_models: path -> score
+                gone.append(k)
+                continue
+            value, lost = confined(v, dirpath, k)
+            kept[k] = value
+            gone += lost
+        return kept, gone
+    if isinstance(state, (list, tuple)):
+        pairs = [confined(v, dirpath, key) for v in state]
+        return type(state)(v for v, _ in pairs), [g for _, lost in pairs for g in lost]
+    if isinstance(state, str) and _is_path(key, state) and not holds(dirpath, state):
+        return "", [state]
+    return state, []
 
 
 def _moved(state: dict, dirpath: str | None) -> dict:

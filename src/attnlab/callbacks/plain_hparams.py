@@ -87,6 +87,9 @@ def rebuild_hparams(checkpoint: dict[str, Any], instantiate: Callable[..., Any])
     for key in checkpoint.get(KEY) or []:
         node = hparams.get(key)
         if isinstance(node, dict) and "_target_" in node:
+            from attnlab import trust
+
+            trust.admit_node(node, f"hyper_parameters.{key}")
             hparams[key] = instantiate(node, _convert_="all")
 
 
@@ -99,7 +102,12 @@ class PlainHyperparameters(Callback):
         self._warned = False
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        from attnlab.redact import redact
+
         left = plain_hparams(checkpoint, self.nodes)
+        for part in PARTS:  # the hyperparameters as written: without the secrets the run was given
+            if isinstance(checkpoint.get(part), dict):
+                checkpoint[part] = redact(checkpoint[part])
         if left and not self._warned:
             self._warned = True
             log.warning(

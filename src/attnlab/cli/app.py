@@ -67,12 +67,14 @@ def begin(cfg: DictConfig) -> None:
     prepare(cfg)
     if "model" in cfg and "data" in cfg:
         check_compatible(cfg)
+    from attnlab.redact import redact, redact_logs, restore
+
+    redact_logs()  # the run's log lines, on the console and in its log file, never hold a secret's value
     if (cfg.get("extras") or {}).get("print_config") and _is_rank_zero():
         from attnlab.utils.rich_config import print_config_tree
 
-        print_config_tree(cfg, Path(cfg.paths.output_dir) / "config_tree.log")
-    from attnlab.redact import restore
-
+        shown = OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True)))
+        print_config_tree(shown, Path(cfg.paths.output_dir) / "config_tree.log")
     restore(cfg)  # the secrets taken off the command line, in memory only (attnlab.redact)
 
 

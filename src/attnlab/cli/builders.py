@@ -91,6 +91,9 @@ def _target_class(target: str | None, group: str) -> type:
     if not target:
         raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
                         "mypkg.module.ClassName), or pick one of attnlab's configs.")
+    from attnlab import trust
+
+    trust.admit("callable", target, f"{group}._target_")
     try:
         return get_class(current_target(target))
     except Exception as e:

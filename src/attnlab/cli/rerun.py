@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
+from attnlab.utils.printable import printable
 
 log = logging.getLogger("attnlab")
 FLAG = "--rerun"
@@ -108,7 +109,7 @@ def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
             raise UserError(f"{FLAG}: {key} is not a key of the run's config. Check its spelling against "
                             f"{run_dir}/config.yaml, or add a new key with +{arg}.")
         OmegaConf.update(cfg, key, yaml_value(value), force_add=arg.startswith("+"))
-    trust.from_command({trust.TRUST_KEY: asked_trust}, overrides=extra)
+    trust.from_command({trust.TRUST_KEY: asked_trust}, overrides=extra, seal=True)  # never the folder's own
     check_given(_given)
     trust.check_names(OmegaConf.to_container(cfg, resolve=False), f"{FLAG} {run_dir} (its .hydra/config.yaml)")
     from attnlab.utils.atomic import write_text
@@ -167,7 +168,7 @@ def lineage_differences(run_dir: Path) -> list[tuple[str, Any, Any]]:
 
 def warn_lineage(run_dir: Path) -> None:
     for key, was, now in lineage_differences(run_dir):
-        log.warning(f"rerun: {key} differs from the run's: {was} -> {now}")
+        log.warning(printable(f"rerun: {key} differs from the run's: {was} -> {now}"))  # the folder's text, shown
 
 
 def asked() -> list[str]:
@@ -203,7 +204,7 @@ def warn_decisions(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
     """In a rerun, where the plan decided otherwise than for the run (cli/plan.py: plan_training)."""
     if _run_dir is not None:
         for line in decision_differences(_run_dir, cfg, decided):
-            log.warning(line)
+            log.warning(printable(line))
 
 
 def record_sweep_command(argv: list[str]) -> None:

@@ -34,6 +34,7 @@ def compare(paths: list[str], sort: str | None = None, group_by: str | None = No
             metrics: list[str] | None = None, report: Path | None = None, console=None) -> list:
     """Print the tables (one per task); returns their DataFrames. Writes `report` when given."""
     from rich.console import Console
+    from rich.text import Text
 
     console = console or Console()
     runs = find_runs(paths)
@@ -56,7 +57,7 @@ def compare(paths: list[str], sort: str | None = None, group_by: str | None = No
     if report:
         from attnlab.compare.report import write_report
 
-        console.print(f"report: {write_report(report, sections)}")
+        console.print(Text(f"report: {write_report(report, sections)}"))
     return frames
 
 
@@ -79,23 +80,25 @@ def show_diff(a: str, b: str, console=None) -> list[tuple]:
         if len(found) != 1:
             raise UserError(f"--diff {path}: give one run directory (it holds {len(found)} runs).")
     rows = diff(runs[0][0], runs[1][0])
-    table = Table(title=f"config keys that differ: A={runs[0][0].name}, B={runs[1][0].name}")
+    from rich.text import Text
+
+    table = Table(title=Text(f"config keys that differ: A={runs[0][0].name}, B={runs[1][0].name}"))
     for col in ("key", "A", "B"):
         table.add_column(col, overflow="fold")
     for k, va, vb in rows:
-        table.add_row(k, str(va), str(vb))
+        table.add_row(Text(k), Text(str(va)), Text(str(vb)))
     console.print(table if rows else "the two runs have the same config")
     a_run, b_run = runs[0][0], runs[1][0]
     if a_run.lineage is None or b_run.lineage is None:
         missing = [r.name for r in (a_run, b_run) if r.lineage is None]
-        console.print(f"no lineage.json in {', '.join(missing)} (runs of attnlab before lineage was recorded)")
+        console.print(Text(f"no lineage.json in {', '.join(missing)} (runs of attnlab before lineage was recorded)"))
         return rows
     lineage_rows_ = lineage_diff(a_run, b_run)
     table = Table(title="lineage that differs (code, environment, machine)")
     for col in ("key", "A", "B"):
         table.add_column(col, overflow="fold")
     for k, va, vb in lineage_rows_:
-        table.add_row(k, str(va), str(vb))
+        table.add_row(Text(k), Text(str(va)), Text(str(vb)))
     console.print(table if lineage_rows_ else "the two runs have the same lineage (code, environment, machine)")
     return rows + [(f"lineage.{k}", va, vb) for k, va, vb in lineage_rows_]
 

@@ -8,7 +8,6 @@ import glob
 import json
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ log = logging.getLogger("attnlab")
 
 # config keys that say where a run is or how it printed, not what it computed
 NOT_SETTINGS = ("paths.", "hydra.", "extras.", "callbacks.progress_bar", "callbacks.rich", "logger.")
-# an interpolation that calls a resolver (${oc.env:HOME}, ${now:...}), unlike ${model.n_layer}
-RESOLVER = re.compile(r"\$\{\s*[\w.]+\s*:")
 MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".csv", ".html", ".txt")
 
 
@@ -86,39 +83,48 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def load_run(path: Path) -> Run:
+    """A run folder read as plain data: its config.yaml by YAML's safe loader (no interpolation or resolver is ever
+    resolved: ${oc.env:...} stays as written), every text it holds without control characters (`clean`)."""
     import pandas as pd
-    from omegaconf import DictConfig, OmegaConf
+    import yaml
 
     try:
-        cfg = OmegaConf.load(path / "config.yaml")
-        if not isinstance(cfg, DictConfig) or not cfg:
-            raise ValueError("empty" if not cfg else "not a mapping of settings")
+        config = yaml.load((path / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        if not isinstance(config, dict) or not config:
+            raise ValueError("empty" if not config else "not a mapping of settings")
     except Exception as e:
         raise DamagedRun(f"{path}: its config.yaml cannot be read ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:120] if str(e) else 'empty'})") from None
-    try:  # a run folder can come from anywhere: a resolver it names (${oc.env:...}) is never called, kept as written
-        config = OmegaConf.to_container(cfg, resolve=not RESOLVER.search((path / "config.yaml").read_text()))
-    except Exception:  # an interpolation that only resolves inside a run: keep it as written
-        config = OmegaConf.to_container(cfg, resolve=False)
+                         f"{clean(str(e).splitlines()[0][:120]) if str(e) else 'empty'})") from None
     metrics, curves, problems = None, None, []
     if (path / "metrics.json").is_file():
         try:
-            metrics = {k: float(v) for k, v in json.loads((path / "metrics.json").read_text()).items()
+            metrics = {clean(k): float(v) for k, v in json.loads((path / "metrics.json").read_text()).items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
         except (ValueError, AttributeError, OSError):
             problems.append("metrics.json unreadable")
     csv = path / "csv" / "metrics.csv"
     if csv.is_file() and csv.stat().st_size:
         try:
-            curves = pd.read_csv(csv)
+            curves = pd.read_csv(csv).rename(columns=clean)
         except (ValueError, OSError):
             problems.append("csv/metrics.csv unreadable")
     media = sorted(p for p in (path / "media").rglob("*") if p.suffix.lower() in MEDIA) \
         if (path / "media").is_dir() else []
     from attnlab import lineage
 
-    return Run(path, flatten(config), metrics, curves, media=media, problem=", ".join(problems),
-               lineage=lineage.read(path))
+    return Run(path, clean(flatten(config)), metrics, curves, media=media, problem=", ".join(problems),
+               lineage=clean(lineage.read(path)))
+
+
+def clean(node: Any) -> Any:
+    """A run folder's data without control characters in any text (keys and values, at any depth)."""
+    from attnlab.utils.printable import printable
+
+    if isinstance(node, dict):
+        return {clean(k): clean(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [clean(v) for v in node]
+    return printable(node) if isinstance(node, str) else node
 
 
 class DamagedRun(Exception):
@@ -157,7 +163,7 @@ def find_runs(inputs: list[str]) -> list[Run]:
     paths = [r.path for r in runs]
     names = _short_names(paths)
     for run, name in zip(runs, names):
-        run.name = name
+        run.name = clean(name)
     return runs
 
 

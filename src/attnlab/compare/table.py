@@ -137,12 +137,14 @@ def _width(cols: list[str], text: dict[str, list[str]]) -> int:
 def _table(cols: list[str], text: dict[str, list[str]], title: str):
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
+    from rich.text import Text
+
+    table = Table(title=Text(title), show_lines=False)
     for col in cols:
-        table.add_column(col, justify="right" if col.startswith(("val/", "test/", "n")) else "left",
+        table.add_column(Text(col), justify="right" if col.startswith(("val/", "test/", "n")) else "left",
                          no_wrap=col in IDENTITY, overflow="fold")
     for row in zip(*(text[c] for c in cols)):
-        table.add_row(*row)
+        table.add_row(*(Text(c) for c in row))  # a run folder's text, never Rich markup
     return table
 
 

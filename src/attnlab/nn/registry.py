@@ -113,6 +113,9 @@ def network_spec(name: str) -> NetworkSpec:
     if "." in str(name):
         from hydra.utils import get_object
 
+        from attnlab import trust
+
+        trust.admit("callable", name)  # a user's network: named by the command (a file's only if it says so too)
         try:
             obj = get_object(name)
         except Exception as e:

@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
+from attnlab import trust
 from attnlab.compat import has_trainer, logs_this_step, metric_defaults
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
@@ -181,6 +182,7 @@ class BaseTask(L.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer_cfg is None:
             raise ValueError("no optimizer configured: pass optimizer=<config> to the task")
+        trust.admit_node(self.optimizer_cfg, "optimizer")
         factory = instantiate(self.optimizer_cfg)
         # attnlab's own optimizer options (blr, layer_decay), taken off before the optimizer sees them
         keywords, options = split_optimizer(dict(factory.keywords) if isinstance(factory, functools.partial) else {})
@@ -204,6 +206,7 @@ class BaseTask(L.LightningModule):
         if not self.scheduler_cfg:
             return optimizer
         total = max(1, int(self.trainer.estimated_stepping_batches))
+        trust.admit_node(self.scheduler_cfg, "scheduler")
         schedule = instantiate(self.scheduler_cfg)(optimizer=optimizer, total_steps=total)
         if isinstance(schedule, list):
             return [optimizer], schedule

@@ -90,13 +90,24 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
+        return {k: v for shard in shards for k, v in load_file(str(_inside(folder, shard, index))).items()}
     if (folder / "pytorch_model.bin").is_file():  # a pickle: read as every checkpoint is (weights only)
         from attnlab.checkpoints import load_checkpoint
 
         return load_checkpoint(folder / "pytorch_model.bin", "model.init_from")
     raise UserError(f"{folder} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                     "download the whole folder.")
+
+
+def _inside(folder: Path, name: Any, index: Path) -> Path:
+    """A shard an index names: a file of the folder itself (a name that climbs out of it, or an absolute path, could
+    make the index read any file on the disk)."""
+    path = (folder / str(name)).resolve()
+    if not isinstance(name, str) or Path(name).is_absolute() or not path.is_relative_to(folder.resolve()):
+        raise UserError(f"model.init_from: {index} names the shard {name!r}, which is not a file of {folder}. An "
+                        "index names its shards by file name, beside it; nothing outside the folder is read. Download "
+                        "the folder again.")
+    return path
 
 
 def read_tokenizer(init_from: str) -> str:

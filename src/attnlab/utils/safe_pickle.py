@@ -9,6 +9,7 @@ weights_only=True)`, attnlab.checkpoints)."""
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,13 +22,39 @@ from typing import Any
 NUMPY_ARRAYS = (("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
                 ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
                 ("numpy", "ndarray"), ("numpy", "dtype"))
+# the kinds of dtype an array read from a pickle may have: bool, integers, floats, complex, bytes and str. Never
+# object ("O"), whose bytes would be read as object pointers, nor a structured or void one that could hold objects
+PLAIN_KINDS = frozenset("biufcSU")
+
+
+def _check_dtype(dtype: Any, path: Any = "a pickle", what: str = "a plain pickle") -> Any:
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    if dtype.kind not in PLAIN_KINDS or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise UnsafeGlobal(f"a numpy array of dtype {dtype.str!r}", path, what)
+    return dtype
 
 
 def numpy_globals() -> dict[tuple[str, str], Any]:
-    """The globals a pickle of numpy arrays needs (NUMPY_ARRAYS), each looked up in numpy itself."""
+    """The globals a pickle of numpy arrays needs (NUMPY_ARRAYS), each looked up in numpy itself, the array's class
+    and the dtype's constructor admitting plain dtypes only (PLAIN_KINDS)."""
     import importlib
 
     import numpy as np
+
+    class PlainArray(np.ndarray):
+        """The class a pickled array is rebuilt as: its state's dtype checked before numpy reads its bytes (`load`
+        hands it back as a plain ndarray)."""
+
+        def __setstate__(self, state):
+            if not isinstance(state, tuple) or len(state) < 3:
+                raise pickle.UnpicklingError("a numpy array whose state is not numpy's")
+            _check_dtype(state[2] if len(state) == 5 else state[1])  # (version,) shape, dtype, fortran, bytes
+            return super().__setstate__(state)
+
+    def dtype(spec, *args):
+        return _check_dtype(np.dtype(spec, *args[:2]))
 
     found: dict[tuple[str, str], Any] = {}
     for module, name in NUMPY_ARRAYS:
@@ -36,13 +63,35 @@ def numpy_globals() -> dict[tuple[str, str], Any]:
             found[(module, name)] = getattr(importlib.import_module(here), name)
         except (ImportError, AttributeError):  # a numpy without that module: its pickles do not name it either
             pass
+    found[("numpy", "ndarray")], found[("numpy", "dtype")] = PlainArray, dtype
+    for key in [k for k in found if k[1] == "_frombuffer"]:
+        found[key] = functools.partial(_frombuffer, found[key])
+    for cls in vars(np.dtypes).values() if hasattr(np, "dtypes") else ():  # numpy 2 may name a dtype's class
+        if isinstance(cls, type) and issubclass(cls, np.dtype) and getattr(cls, "type", None) is not None and \
+                np.dtype(cls.type).kind in PLAIN_KINDS:
+            found[("numpy.dtypes", cls.__name__)] = cls
     import _codecs
 
     found[("_codecs", "encode")] = _codecs.encode  # bytes in a protocol-2 pickle: str -> bytes, as torch admits it
-    for dtype in vars(np.dtypes).values() if hasattr(np, "dtypes") else ():
-        if isinstance(dtype, type) and issubclass(dtype, np.dtype):  # numpy 2 names a dtype's class (Float32DType)
-            found[("numpy.dtypes", dtype.__name__)] = dtype
     return found
+
+
+def _frombuffer(frombuffer, buffer, dtype, shape, order):
+    return frombuffer(buffer, _check_dtype(dtype), shape, order)
+
+
+def _plain(value: Any) -> Any:
+    """The arrays of a loaded object as plain ndarrays (numpy_globals' PlainArray is their class while loading)."""
+    import sys
+
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+        return value.view(np.ndarray)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 class UnsafeGlobal(pickle.UnpicklingError):
@@ -118,4 +167,7 @@ def load(path: str | Path, allowed: Mapping[tuple[str, str], Any], what: str, **
     are pickle's own (encoding="latin1" for Python 2's pickles)."""
     path = Path(path)
     with open(path, "rb") as fh:
-        return RestrictedUnpickler(fh, allowed, path, what, **kwargs).load()
+        try:
+            return _plain(RestrictedUnpickler(fh, allowed, path, what, **kwargs).load())
+        except UnsafeGlobal as e:
+            raise UnsafeGlobal(e.name, path, what) from None

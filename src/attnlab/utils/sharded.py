@@ -9,7 +9,7 @@ continues from one (the same run folder started again on a machine without the G
 states keyed as `torch.optim` keys them. Nothing in the folder can run code when it is read: `.metadata`, which DCP
 writes as a plain pickle, is read first, through attnlab's restricted unpickler (utils/safe_pickle.py) admitting only
 that format's own classes (`SafeReader`); `meta.pt` is read as any checkpoint file is (attnlab.checkpoints:
-`weights_only=True`), and the tensors DCP stores as bytes too (DCP's own reader). A folder the user trusts
+`weights_only=True`), and so are the values DCP stores as bytes (`_planner`). A folder the user trusts
 (`trust_checkpoint=true`) is read by DCP's own reader.
 """
 
@@ -91,13 +91,45 @@ def _reader(path: Path, trusted: bool = False):
     return SafeReader(path)
 
 
+class UnsafeBytes(Exception):
+    """A value a sharded checkpoint stores as bytes (DCP's non-tensor items) that `weights_only=True` refuses."""
+
+    def __init__(self, fqn: str, error: BaseException):
+        super().__init__(f"{fqn}: {error}")
+        self.fqn, self.error = fqn, error
+
+
+def _planner(trusted: bool):
+    """DCP's planner of a whole load; unless trusted, its non-tensor items (which DCP stores as bytes and reads back
+    with a full `torch.load`) read with `weights_only=True` first (UnsafeBytes when refused)."""
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+    if trusted:
+        return _EmptyStateDictLoadPlanner()
+
+    class WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            try:
+                plain = torch.load(value, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as e:
+                raise UnsafeBytes(read_item.dest_index.fqn, e) from None
+            buffer = io.BytesIO()
+            torch.save(plain, buffer)  # plain values only: what DCP's own full load now reads
+            buffer.seek(0)
+            super().load_bytes(read_item, buffer)
+
+    return WeightsOnlyPlanner()
+
+
 def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str, Any]:
     """The whole checkpoint a sharded folder holds, as one process's `torch.load` of a checkpoint file gives it:
     meta.pt's keys (read by `read_meta(path of meta.pt)`: attnlab.checkpoints' reader), `state_dict` (the model),
     `optimizer_states` (keyed by parameter index). `trusted`: `.metadata` unpickled in full (else restricted to its
     format's classes: UnsafeGlobal)."""
     import torch
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     path = Path(path)
@@ -106,7 +138,7 @@ def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str
     checkpoint = read_meta(path / META)
     states: dict[str, Any] = {}
     # what torch's dcp_to_torch_save does, with the reader whose metadata cannot run code
-    _load_state_dict(states, storage_reader=_reader(path, trusted), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(states, storage_reader=_reader(path, trusted), planner=_planner(trusted),
                      no_dist=True)
     # DCP gives back nested dicts; round trip through torch.save so the result is what a checkpoint file gives
     buffer = io.BytesIO()
