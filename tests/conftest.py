@@ -183,3 +183,12 @@ def wandb_records(run_file: Path) -> list:
             records.append(wandb_internal_pb2.Record.FromString(pending))
             pending = b""
     return records
+
+
+@pytest.fixture(autouse=True)
+def _no_command_left_over():
+    """Each test starts with no command's trust decided (an in-process train(cfg) of another test sets one)."""
+    from attnlab import trust
+
+    trust.reset()
+    yield

@@ -34,8 +34,25 @@ MESSAGES = {
     "module_import": r"names the module hostile_import_payload \(.*extras\.imports.*trust_checkpoint=true",
     "optimizer_target": r"names logging\.basicConfig \(.*optimizer\._target_\).*trust_checkpoint=true",
     "damaged_zip": r"is a damaged checkpoint: it begins as the zip archive torch\.save writes",
+    # a value of the model's state that DCP stores as bytes, read back by its own full torch.load
+    "sharded_bytes": r"stores as bytes\) asks for posix\.system.*trust_checkpoint=true",
+    # a standard library class that an attnlab module imports resolves as a dotted path under attnlab.
+    "through_attnlab": r"names attnlab\.lineage\.subprocess\.Popen \(hyper_parameters\.net\).*trust_checkpoint",
+    # Lightning's older hyperparameter keys, merged into the task's arguments
+    "hparams_key": r"names os\.system \(hparams\.net\).*trust_checkpoint=true",
+    "module_arguments_key": r"names os\.system \(module_arguments\.net\).*trust_checkpoint=true",
+    # a data module config that would truncate a file outside the run
+    "truncating_target": r"names attnlab\.cli\.builders\.logging\.FileHandler \(config\.data\._target_\)",
+    # the file's own name holds a dotted word
+    "dotted_file_name": r"names os\.system \(hyper_parameters\.net\).*trust_checkpoint=true",
+    # restored callback state naming paths outside the run: harmless (the run goes on, nothing outside it changes)
+    "outside_paths": None,
 }
-PAYLOADS = [k for k in MESSAGES if k != "damaged_zip"]
+PAYLOADS = [k for k in MESSAGES if k not in ("damaged_zip", "outside_paths")]
+# kinds given to some entry points only (the others are those of every kind): a state restored only by a run that
+# trains on from it, with an epoch left to train
+ONLY = {"outside_paths": ("ckpt_path", "run_dir_resume")}
+EXTRA = {"outside_paths": ["trainer.max_epochs=2"]}
 MODULE = "hostile_import_payload"
 
 
@@ -59,6 +76,15 @@ class Hostile:
 
 def marker(out: Path, kind: str) -> Path:
     return out / "markers" / kind
+
+
+def victims(out: Path) -> Path:
+    """A folder outside every run, with a file in it: what no hostile file may change or delete."""
+    return out / "victims"
+
+
+def victim_state(out: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(victims(out).rglob("*")) if p.is_file()}
 
 
 def _sharded(ckpt: dict, folder: Path) -> None:
@@ -96,6 +122,9 @@ def build(run_dir: Path, out: Path) -> dict[str, Hostile]:
     (modules / f"{MODULE}.py").write_text(
         f"import pathlib\npathlib.Path({str(marker(out, 'module_import'))!r}).touch()\n")
     saved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    (victims(out) / "folder").mkdir(parents=True, exist_ok=True)
+    (victims(out) / "folder" / "notes.txt").write_text("a file outside every run\n")
+    (victims(out) / "log.txt").write_text("a log outside every run\n")
     made = {}
     for kind in MESSAGES:
         folder = out / kind
@@ -104,6 +133,30 @@ def build(run_dir: Path, out: Path) -> dict[str, Hostile]:
         ckpt = folder / "checkpoints" / "last.ckpt"
         state = pickle.loads(pickle.dumps(real))
         payload = Payload(marker(out, kind))
+        touch = f"touch {shlex.quote(str(marker(out, kind)))}"
+        if kind == "sharded_bytes":
+            state["state_dict"]["extra"] = payload
+        elif kind == "through_attnlab":
+            state["hyper_parameters"]["net"] = "attnlab.lineage.subprocess.Popen"
+            state["hyper_parameters"]["args"] = ["touch", str(marker(out, kind))]
+        elif kind in ("hparams_key", "module_arguments_key"):
+            state[kind.removesuffix("_key")] = {"net": "os.system", "command": touch}
+        elif kind == "dotted_file_name":
+            state["hyper_parameters"] |= {"net": "os.system", "command": touch}
+            torch.save(state, ckpt)  # its run folder's own last.ckpt too
+            ckpt = folder / "checkpoints" / "weights-os.system-v2.ckpt"
+        elif kind == "truncating_target":
+            config = yaml.safe_load(yaml.safe_dump(state["attnlab"]["config"]))
+            config["data"] = {"_target_": "attnlab.cli.builders.logging.FileHandler",
+                              "filename": str(victims(out) / "log.txt"), "mode": "w"}
+            state["attnlab"]["config"] = config
+        elif kind == "outside_paths":
+            for key in [k for k in state["callbacks"] if "ModelCheckpoint" in k]:
+                callback = state["callbacks"][key]
+                callback.pop("dirpath", None)
+                callback["last_model_path"] = f"local://{victims(out) / 'folder'}"
+                callback["best_k_models"] = {str(victims(out) / "log.txt"): torch.tensor(-1.0)}
+                callback["kth_best_model_path"] = callback["best_model_path"] = str(victims(out) / "log.txt")
         if kind == "beside_weights":
             state["extra"] = payload
         elif kind == "in_hparams":
@@ -117,6 +170,9 @@ def build(run_dir: Path, out: Path) -> dict[str, Hostile]:
                 state["hyper_parameters"]["optimizer"] = config["optimizer"] | {"_partial_": True}
         if kind == "bare_pickle":
             ckpt.write_bytes(pickle.dumps(payload))
+        elif kind == "sharded_bytes":
+            ckpt.mkdir()
+            _sharded(state, ckpt)
         elif kind == "sharded_metadata":
             ckpt.mkdir()
             _sharded(state, ckpt)
@@ -168,7 +224,10 @@ def cases(made: dict[str, Hostile], out: Path, entries=ENTRIES, kinds=None) -> l
         if kinds is not None and kind not in kinds:
             continue
         for entry, command in entries.items():
+            if entry not in ONLY.get(kind, entries):
+                continue
             script, args = command(h)
+            args = [*args, *EXTRA.get(kind, [])] if script == "train.py" and "--rerun" not in args else args
             found.append({"name": f"{kind}/{entry}", "script": script, "args": args, "cwd": str(out / "modules"),
                           "env": env})
     return found

@@ -111,10 +111,10 @@ def test_checkpoint_of_another_task_is_refused(tmp_path):
             *FAST]
     train(compose_cfg(base, tmp_path / "a"))
     ckpt = torch.load(_ckpt(tmp_path / "a"), weights_only=False)
-    ckpt["attnlab"]["config"]["model"]["_target_"] = "attnlab.tasks.language_model.GPTTask"
+    ckpt["attnlab"]["config"]["model"]["_target_"] = "attnlab.tasks.language_model.CausalLM"
     torch.save(ckpt, tmp_path / "other.ckpt")
     cfg = compose_cfg([*base, f"ckpt_path={tmp_path}/other.ckpt"], tmp_path / "b")
-    with pytest.raises(UserError, match="was trained by task attnlab.tasks.language_model.GPTTask"):
+    with pytest.raises(UserError, match="was trained by task attnlab.tasks.language_model.CausalLM"):
         train(cfg)
     torch.save({"state_dict": {}}, tmp_path / "foreign.ckpt")
     cfg = compose_cfg([*base, f"ckpt_path={tmp_path}/foreign.ckpt"], tmp_path / "c")

@@ -88,10 +88,7 @@ def import_user_modules(modules: list[str] | None) -> None:
     networks, tasks and data modules). The working directory is importable, as under `python -m`."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from attnlab import trust
-
     for name in modules or []:
-        trust.admit("module", str(name), "extras.imports")
         try:
             importlib.import_module(str(name))
         except ImportError as e:

@@ -235,6 +235,8 @@ def decide(kind: str, name: str, key: str | None = None) -> bool:
 
     if _command.trusted:
         return True
+    if not isinstance(name, str):  # no name at all: nothing attnlab would build
+        return False
     name = current_target(name) if kind == "callable" else name
     if kind == "module":  # attnlab's own modules, and those the command itself imports
         return name == "attnlab" or name.startswith("attnlab.") or name in _command.imports
@@ -245,10 +247,7 @@ def decide(kind: str, name: str, key: str | None = None) -> bool:
         obj = _resolve(name)
         return obj is not None and getattr(obj, "__module__", None) == module and _qualname(obj) == name
     table = buildable()
-    if name in table:
-        obj = _resolve(name)
-        return obj is not None and _qualname(obj) in _qualified(table)
-    return name in _qualified(table)
+    return name in table or name in _qualified(table)  # as the table names it, or as its object's exact name
 
 
 def admit(kind: str, name: str, key: str | None = None) -> None:
@@ -310,6 +309,7 @@ def _strings(node: Any, where: str = "") -> Iterator[tuple[str, str]]:
 
 
 def refusal(source: str, kind: str, name: str, where: str) -> UserError:
+    name = name if isinstance(name, str) else repr(name)[:80]
     what = f"the module {name}" if kind == "module" else f"{name}"
     module = name if kind == "module" else name.rsplit(".", 1)[0]
     verb = "import" if kind == "module" else "import and call"

@@ -255,7 +255,12 @@ def load_task(ckpt_path: str, meta: dict):
 
     # what Lightning's load_from_checkpoint does, from the dict the one reader gave (a sharded folder's too)
     ckpt = _pl_migrate_checkpoint(load_checkpoint(ckpt_path), checkpoint_path=None)
-    import_user_modules((meta["config"].get("extras") or {}).get("imports"))
+    from attnlab import trust
+
+    imports = (meta["config"].get("extras") or {}).get("imports")
+    for module in imports or []:
+        trust.admit("module", str(module), "extras.imports")
+    import_user_modules(imports)
     task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
     model = _load_state(task_cls, ckpt)

@@ -115,6 +115,9 @@ def network_spec(name: str) -> NetworkSpec:
 
         from attnlab import trust
 
+        own = next((s for s in _NETWORKS.values() if f"{s.build.__module__}.{s.build.__qualname__}" == name), None)
+        if own is not None:  # a registered network by its exact qualified name (older checkpoints name it so)
+            return own
         trust.admit("callable", name)  # a user's network: named by the command (a file's only if it says so too)
         try:
             obj = get_object(name)

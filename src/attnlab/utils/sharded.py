@@ -138,8 +138,13 @@ def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str
     checkpoint = read_meta(path / META)
     states: dict[str, Any] = {}
     # what torch's dcp_to_torch_save does, with the reader whose metadata cannot run code
-    _load_state_dict(states, storage_reader=_reader(path, trusted), planner=_planner(trusted),
-                     no_dist=True)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        _load_state_dict(states, storage_reader=_reader(path, trusted), planner=_planner(trusted), no_dist=True)
+    except CheckpointException as e:  # DCP's (a BaseException): each rank's failure, with its exception first
+        causes = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        raise next((c for c in causes if isinstance(c, UnsafeBytes)), None) or RuntimeError(str(e)) from None
     # DCP gives back nested dicts; round trip through torch.save so the result is what a checkpoint file gives
     buffer = io.BytesIO()
     torch.save(states, buffer)

@@ -1,0 +1,166 @@
+"""The trust rule as a property (docs/runs.md, "Trusting checkpoints"): a real checkpoint and run folder of attnlab's
+own, with one hostile thing put at a place hypothesis draws (a marker-touching payload, a dangerous dotted name with
+arguments that would touch the marker or truncate a file, a path outside the run, a secret; in the hyperparameters
+under any of Lightning's keys, the run config, a callback's state, the loops, the optimizer state, a value a sharded
+folder stores as bytes, the run folder's .hydra/config.yaml, the file's own name), given to an entry point that
+reads it, in this process. Whatever the draw: the marker never appears, no file outside the run changes, the secret
+is written nowhere, and the command ends in success or one paragraph (exit 2), never a traceback.
+
+The run is made once per session; `ATTNLAB_PROPERTY_EXAMPLES` sets how many draws (50 by default)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import entry_batch
+import hostile
+from conftest import run_cli
+
+EXAMPLES = int(os.environ.get("ATTNLAB_PROPERTY_EXAMPLES", "50"))
+SECRET_NAME, SECRET = "GITHUB_TOKEN", "prop-s3cret-51e7c2aa"
+NAMES = ["os.system", "attnlab.lineage.subprocess.Popen", "attnlab.cli.builders.logging.FileHandler",
+         "builtins.exec", "subprocess.run", "attnlab.utils.atomic.os.remove", "hostile_import_payload.Anything"]
+PLACES = ["hyper_parameters", "hparams", "module_arguments", "datamodule_hyper_parameters", "config", "callbacks",
+          "loops", "optimizer_states", "dcp_bytes", "hydra_config", "file_name"]
+KINDS = ["payload", "dotted", "outside_path", "secret", "env"]
+ENTRIES = ["eval", "predict", "export", "init_from", "ckpt_path", "preflight", "rerun", "run_dir_resume", "compare"]
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """One small real run of attnlab's, and its checkpoint as loaded."""
+    tmp = tmp_path_factory.mktemp("trust_property")
+    env = {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache")}
+    out = run_cli("train.py", *hostile.SHORT, env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    (run_dir,) = (tmp / "logs" / "train" / "runs").iterdir()
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    return run_dir, state, tmp
+
+
+def _hostile_value(kind: str, name: str, marker: Path, victims: Path, data):
+    touch = f"touch {shlex.quote(str(marker))}"
+    if kind == "payload":
+        return hostile.Payload(marker)
+    if kind == "dotted":
+        node = {"command": touch, "args": ["touch", str(marker)], "filename": str(victims / "log.txt"), "mode": "w"}
+        return data.draw(st.sampled_from([{"_target_": name, **node}, {"net": name, **node}, name]))
+    if kind == "outside_path":
+        return data.draw(st.sampled_from([str(victims / "folder"), f"local://{victims / 'folder'}",
+                                          str(victims / "log.txt"), f"{victims}/../{victims.name}/folder"]))
+    if kind == "secret":
+        return SECRET
+    return "${oc.env:" + SECRET_NAME + "}"
+
+
+def _place(node, value, path: list[int], key: str):
+    """`value` at `key` (a new key, or one it replaces) of a dict inside `node`, chosen by `path` (indices into each
+    level's dict values)."""
+    for i in path:
+        dicts = [v for v in node.values() if isinstance(v, dict)] if isinstance(node, dict) else []
+        if not dicts:
+            break
+        node = dicts[i % len(dicts)]
+    node[key] = value
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own, tmp_path_factory, data):
+    run_dir, real, _ = own
+    out = tmp_path_factory.mktemp("draw")
+    place, kind = data.draw(st.sampled_from(PLACES), "place"), data.draw(st.sampled_from(KINDS), "kind")
+    entry = data.draw(st.sampled_from(ENTRIES), "entry")
+    name = data.draw(st.sampled_from(NAMES), "name")
+    path = data.draw(st.lists(st.integers(0, 5), max_size=4), label="path")
+    key = data.draw(st.sampled_from(["hostile", "net", "_target_", "last_model_path", "best_model_path", "dirpath",
+                                     "filename", "imports", "lr"]), "key")
+    marker, victims = out / "markers" / "ran", out / "victims"
+    (victims / "folder").mkdir(parents=True)
+    (victims / "folder" / "notes.txt").write_text("outside\n")
+    (victims / "log.txt").write_text("outside\n")
+    marker.parent.mkdir()
+    (out / "modules").mkdir()
+    (out / "modules" / "hostile_import_payload.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    before = hostile.victim_state(out)
+
+    folder = out / "run"
+    shutil.copytree(run_dir, folder, ignore=shutil.ignore_patterns("checkpoints"))
+    (folder / "checkpoints").mkdir()
+    state = copy.deepcopy(real)
+    value = _hostile_value(kind, name, marker, victims, data)
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    config_path = folder / ".hydra" / "config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    if place == "hydra_config":
+        _place(config, value if not isinstance(value, hostile.Payload) else name, path, key)
+    elif place == "file_name":
+        state["hyper_parameters"] |= {"net": "os.system", "command": f"touch {shlex.quote(str(marker))}"}
+        ckpt = folder / "checkpoints" / f"weights-{name}-v2.ckpt"
+    elif place == "dcp_bytes":
+        state["state_dict"]["hostile"] = value
+    elif place == "config":
+        _place(state["attnlab"]["config"], value, path, key)
+    elif place in ("hparams", "module_arguments", "datamodule_hyper_parameters") and place not in state:
+        state[place] = {}
+        _place(state[place], value, path, key)
+    elif place == "optimizer_states":
+        _place(state["optimizer_states"][0], value, path, key)
+    else:
+        _place(state[place], value, path, key)
+    if place == "dcp_bytes":
+        ckpt.mkdir()
+        hostile._sharded(state, ckpt)
+    else:
+        torch.save(state, ckpt)
+        if ckpt.name != "last.ckpt":
+            torch.save(state, folder / "checkpoints" / "last.ckpt")
+    config["ckpt_path"] = str(ckpt)
+    config_path.write_text(yaml.safe_dump(config))
+
+    built = max(p.stat().st_mtime_ns for p in out.rglob("*"))
+    h = hostile.Hostile("drawn", ckpt, folder, marker)
+    script, args = hostile.ENTRIES[entry](h)
+    if script == "train.py" and "--rerun" not in args:
+        args = [*args, "trainer.max_epochs=2"]  # a resumed run trains on, and saves again
+    env = {"ATTNLAB_LOG_DIR": str(out / "logs"), "ATTNLAB_CACHE_DIR": str(out / "cache"),
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", SECRET_NAME: SECRET}
+    result = _run_in_process({"name": "drawn", "script": script, "args": args, "cwd": str(out / "modules"),
+                              "env": env})
+    note = f"{place}/{kind}/{entry}/{name}: {result['output'][-3000:]}"
+    assert not marker.exists(), note
+    assert hostile.victim_state(out) == before, note
+    assert "Traceback" not in result["output"] and result["code"] in (0, 2), note
+    if result["code"] == 2:
+        assert "\n" not in result["output"].split("attnlab: error: ", 1)[-1].strip(), note
+    assert SECRET not in result["output"], note
+    for p in out.rglob("*"):  # what the command wrote: its run folders, and what it added to the one it resumed
+        if p.is_file() and (p.is_relative_to(out / "logs") or p.stat().st_mtime_ns > built) and not (
+                kind == "secret" and p.suffix == ".ckpt"):  # a checkpoint carries a file's own state on, as it is
+            assert SECRET.encode() not in p.read_bytes(), f"{p}: {note}"
+
+
+def _run_in_process(case: dict) -> dict:
+    """entry_batch's run of one command, this process's logging handlers (pytest's) kept."""
+    import logging
+
+    kept = {lg: list(lg.handlers) for lg in (logging.getLogger(), logging.getLogger("attnlab"))}
+    level = logging.getLogger().level
+    try:
+        return entry_batch.run(case)
+    finally:
+        for lg, handlers in kept.items():
+            for h in handlers:
+                if h not in lg.handlers:
+                    lg.addHandler(h)
+        logging.getLogger().setLevel(level)
