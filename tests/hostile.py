@@ -35,7 +35,7 @@ MESSAGES = {
     "optimizer_target": r"names logging\.basicConfig \(.*optimizer\._target_\).*trust_checkpoint=true",
     "damaged_zip": r"is a damaged checkpoint: it begins as the zip archive torch\.save writes",
     # a value of the model's state that DCP stores as bytes, read back by its own full torch.load
-    "sharded_bytes": r"stores as bytes\) asks for posix\.system.*trust_checkpoint=true",
+    "sharded_bytes": r"shards store as bytes\) asks for posix\.system.*trust_checkpoint=true",
     # a standard library class that an attnlab module imports resolves as a dotted path under attnlab.
     "through_attnlab": r"names attnlab\.lineage\.subprocess\.Popen \(hyper_parameters\.net\).*trust_checkpoint",
     # Lightning's older hyperparameter keys, merged into the task's arguments
