@@ -263,7 +263,10 @@ def load_task(ckpt_path: str, meta: dict):
     import_user_modules(imports)
     task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
-    model = _load_state(task_cls, ckpt)
+    from attnlab.resume import weights_that_fit
+
+    with weights_that_fit(ckpt_path):
+        model = _load_state(task_cls, ckpt)
     state = ckpt.get("state_dict") or {}
     device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
     return model.to(device)

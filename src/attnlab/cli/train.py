@@ -111,7 +111,7 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
     from attnlab.redact import redact
-    from attnlab.resume import check_resumable, check_same_model
+    from attnlab.resume import check_resumable, check_same_model, weights_that_fit
     from attnlab.strategies import for_model
 
     L.seed_everything(run.seed, workers=True)
@@ -158,7 +158,8 @@ def train(cfg: DictConfig) -> float | None:
     if run.train:
         # read as every checkpoint is (attnlab.checkpoints): AtomicCheckpointIO's reader, or the strategy's own,
         # told explicitly, so that no environment variable turns it into a full unpickling
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=not trust.trusted())
+        with weights_that_fit(ckpt_path):
+            trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=not trust.trusted())
         if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
             return report.finished_already(plan, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
@@ -175,7 +176,8 @@ def train(cfg: DictConfig) -> float | None:
             best = ckpt_path or ""
         if not best and run.train:
             log.warning("no checkpoint was saved: testing the weights as they are at the end of training")
-        trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=not trust.trusted())
+        with weights_that_fit(best):
+            trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=not trust.trusted())
         test_metrics = dict(trainer.callback_metrics)
 
     # ---- report: metrics.json, the summary, a sweep's results.csv row
