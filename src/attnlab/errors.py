@@ -34,7 +34,9 @@ def user_message(err: BaseException) -> str:
 
 def fail(e: BaseException) -> None:
     """The one place a UserError is printed: one paragraph on stderr, no traceback, exit status 2."""
-    msg = user_message(e)
+    from attnlab.redact import redact_text
+
+    msg = redact_text(user_message(e))  # a paragraph may quote a value: never a secret's
     print(f"\nattnlab: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
 

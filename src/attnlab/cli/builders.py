@@ -266,7 +266,12 @@ def load_task(ckpt_path: str, meta: dict):
     from attnlab.resume import weights_that_fit
 
     with weights_that_fit(ckpt_path):
-        model = _load_state(task_cls, ckpt)
+        try:
+            model = _load_state(task_cls, ckpt)
+        except TypeError as e:  # hyperparameters its task's constructor does not take
+            raise UserError(f"ckpt_path: {ckpt_path} holds hyperparameters that {task_cls.__qualname__} does not "
+                            f"take ({e}). The file was changed after its run wrote it, or another program wrote it: "
+                            "give a checkpoint as attnlab's train.py wrote it (<run dir>/checkpoints/).") from None
     state = ckpt.get("state_dict") or {}
     device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
     return model.to(device)
