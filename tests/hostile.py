@@ -1,8 +1,11 @@
-"""Hostile files, made from one real run folder: each kind of file from elsewhere that could run code when attnlab
-reads it (a pickle payload beside the weights, in the hyperparameters or in the optimizer state; a bare pickle bomb; a
-payload in a sharded checkpoint's .metadata; a config naming a module that runs code at import, or an optimizer
-`_target_` with a side effect), and a damaged zip. Each payload creates its marker file when it runs
-(`marker(kind)`): a test asserts that none does.
+"""Hostile files, made from one real run folder: each kind of file from elsewhere that could run code, damage a file
+outside the run or crash attnlab when it reads it. A pickle payload beside the weights, in the hyperparameters or in
+the optimizer state; a bare pickle bomb; a payload in a sharded checkpoint's .metadata or in a value its shards store
+as bytes; a config naming a module that runs code at import, an optimizer `_target_` with a side effect, a standard
+library class through an attnlab module, a data module that would truncate a file; Lightning's older hyperparameter
+keys; a dotted word in the file's own name; callback state naming paths outside the run; a damaged zip. Each payload
+creates its marker file when it runs (`marker(kind)`), and `victims(out)` holds files outside every run: a test
+asserts that no marker appears and no victim changes.
 
 `build(run_dir, out)` -> {kind: Hostile}: the hostile checkpoint (a file, or a sharded folder), and a run folder
 holding it as its `checkpoints/last.ckpt` whose `.hydra/config.yaml` names it (`ckpt_path`, for `--rerun`) or names

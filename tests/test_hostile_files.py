@@ -523,3 +523,24 @@ def test_what_names_a_secret_and_where_its_value_goes(monkeypatch):
     assert os.environ["HF_API_TOKEN"] == "envset-s3cret-1234" and "hydra" not in cfg
     written = redact.redact(OmegaConf.to_container(cfg))
     assert "s3cret" not in json.dumps(written) and written["foo"]["n"] == 1
+
+
+def test_a_moved_run_folders_own_paths_are_kept_in_their_new_place(tmp_path):
+    """A run folder copied elsewhere continues there: its callback state's paths, under the old folder, are named in
+    the new one before anything outside the run is dropped."""
+    from attnlab.callbacks import ModelCheckpoint
+
+    old, new = tmp_path / "old" / "checkpoints", tmp_path / "new" / "checkpoints"
+    new.mkdir(parents=True)
+    for name in ("last.ckpt", "epoch=1.ckpt"):
+        (new / name).write_text("x")
+    callback = ModelCheckpoint(dirpath=str(new), monitor="val/acc", save_last=True)
+    best = str(old / "epoch=1.ckpt")
+    state = {"dirpath": str(old), "last_model_path": str(old / "last.ckpt"), "best_model_path": best,
+             "kth_best_model_path": best, "best_k_models": {best: torch.tensor(0.5)},
+             "best_model_score": torch.tensor(0.5), "kth_value": torch.tensor(0.5), "monitor": "val/acc"}
+    checkpoint = {"callbacks": {callback.state_key: state}}
+    callback.on_load_checkpoint(None, None, checkpoint)
+    callback.load_state_dict(checkpoint["callbacks"][callback.state_key])
+    assert callback.last_model_path == str(new / "last.ckpt")
+    assert list(callback.best_k_models) == [str(new / "epoch=1.ckpt")] == [callback.best_model_path]

@@ -89,8 +89,8 @@ class ModelCheckpoint(CheckpointBase):
         folder dropped, with one line (a file from elsewhere cannot make a callback delete or write there)."""
         dropped = []
         for name, state in (checkpoint.get("callbacks") or {}).items():
-            if isinstance(state, dict):
-                kept, gone = confined(state, self.dirpath)
+            if isinstance(state, dict):  # a moved run folder's own paths named in its new place first
+                kept, gone = confined(_moved(state, self.dirpath) if name == self.state_key else state, self.dirpath)
                 state.clear()
                 state.update(kept)
                 dropped += [f"{name}: {g}" for g in gone]
