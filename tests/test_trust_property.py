@@ -51,9 +51,9 @@ def _hostile_value(kind: str, name: str, marker: Path, victims: Path, data):
     touch = f"touch {shlex.quote(str(marker))}"
     if kind == "payload":
         return hostile.Payload(marker)
-    if kind == "dotted":
+    if kind == "dotted":  # merged into the node it is placed in: a name and the arguments it would be called with
         node = {"command": touch, "args": ["touch", str(marker)], "filename": str(victims / "log.txt"), "mode": "w"}
-        return data.draw(st.sampled_from([{"_target_": name, **node}, {"net": name, **node}, name]))
+        return Merge({data.draw(st.sampled_from(["net", "_target_"]), "name key"): name, **node})
     if kind == "outside_path":
         return data.draw(st.sampled_from([str(victims / "folder"), f"local://{victims / 'folder'}",
                                           str(victims / "log.txt"), f"{victims}/../{victims.name}/folder"]))
@@ -70,7 +70,14 @@ def _place(node, value, path: list[int], key: str):
         if not dicts:
             break
         node = dicts[i % len(dicts)]
-    node[key] = value
+    if isinstance(value, Merge):
+        node.update(value)
+    else:
+        node[key] = value
+
+
+class Merge(dict):
+    """Keys put beside those of the node a value is placed in."""
 
 
 # no shrinking: a draw costs seconds, and the failure names its place, kind, entry point and name
@@ -83,7 +90,7 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     place, kind = data.draw(st.sampled_from(PLACES), "place"), data.draw(st.sampled_from(KINDS), "kind")
     entry = data.draw(st.sampled_from(ENTRIES), "entry")
     name = data.draw(st.sampled_from(NAMES), "name")
-    path = data.draw(st.lists(st.integers(0, 5), max_size=4), label="path")
+    path = data.draw(st.lists(st.integers(0, 5), max_size=2), label="path")
     key = data.draw(st.sampled_from(["hostile", "net", "_target_", "last_model_path", "best_model_path", "dirpath",
                                      "filename", "imports", "lr"]), "key")
     marker, victims = out / "markers" / "ran", out / "victims"
