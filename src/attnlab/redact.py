@@ -14,6 +14,7 @@ secret (`is_secret_key`: a key, token, secret, password, credential or PAT, in a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -113,11 +114,17 @@ def restore(cfg: Any) -> None:
 
 def secret_values() -> list[str]:
     """The secrets this process knows: the values of the secret overrides and of the environment's secrets."""
+    return _values(os.environ.get(SECRET_ENV) or "", tuple(sorted(os.environ.items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _values(stored: str, environment: tuple[tuple[str, str], ...]) -> list[str]:
+    """secret_values, once per state of the environment (a log line asks for them too)."""
     values = set()
     for arg in _stored():
         parsed = _parsed(arg)
         values |= set(_leaves(parsed[1] if parsed is not None else arg.partition("=")[2].strip("'\"")))
-    values |= {v for k, v in os.environ.items() if is_secret_key(k) and k != SECRET_ENV}
+    values |= {v for k, v in environment if k != SECRET_ENV and is_secret_key(k)}
     return sorted((v for v in values if len(v) >= _MIN_LENGTH), key=len, reverse=True)
 
 

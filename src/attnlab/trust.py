@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,6 @@ class Command:
     imports: frozenset[str] = frozenset()
     active: bool = False
     sealed: bool = False  # set by --rerun: the composed config is the run folder's, not the user's
-    config_dirs: tuple[str, ...] = field(default_factory=tuple)
 
 
 _command = Command()
