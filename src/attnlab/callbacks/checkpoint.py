@@ -87,17 +87,20 @@ class ModelCheckpoint(CheckpointBase):
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """Before any callback's state is restored: every path in them that is not inside this run's checkpoint
         folder dropped, with one line (a file from elsewhere cannot make a callback delete or write there)."""
-        dropped = []
+        dropped, foreign = [], False
         for name, state in (checkpoint.get("callbacks") or {}).items():
             if isinstance(state, dict):  # a moved run folder's own paths named in its new place first
                 kept, gone = confined(_moved(state, self.dirpath) if name == self.state_key else state, self.dirpath)
+                own = state.get("dirpath")  # the files of the run that wrote it (ckpt_path= of another run): info
+                foreign |= any(not (isinstance(own, str) and holds(own, g)) for g in gone)
                 state.clear()
                 state.update(kept)
                 dropped += [f"{name}: {g}" for g in gone]
         if dropped:
-            log.warning("the checkpoint's callback state names %d path%s outside this run's checkpoint folder %s, "
-                        "dropped: %s", len(dropped), "" if len(dropped) == 1 else "s", self.dirpath,
-                        "; ".join(printable(d) for d in dropped[:3]) + (" ..." if len(dropped) > 3 else ""))
+            say = log.warning if foreign else log.info
+            say("the checkpoint's callback state names %d path%s outside this run's checkpoint folder %s, dropped: %s",
+                len(dropped), "" if len(dropped) == 1 else "s", self.dirpath,
+                "; ".join(printable(d) for d in dropped[:3]) + (" ..." if len(dropped) > 3 else ""))
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(_moved(state_dict, self.dirpath))
