@@ -282,3 +282,38 @@ def test_the_hugging_face_copy_reports_its_validation_split(monkeypatch, tmp_pat
     assert dm.info().class_names == ["tench", "crane (1)", "crane (2)"]
     x, y = dm.train_set[0]
     assert x.dtype == torch.uint8 and tuple(x.shape) == (3, 8, 8) and y == 0
+
+
+def test_a_preparation_stopped_between_its_renames_is_never_read_as_a_tree(tmp_path, capsys):
+    """Killed after train/ was moved into place and before val/: the output folder holds train/ and the staging
+    folder. Pointed at it, attnlab says how to resume; pointed at the archives, it resumes."""
+    from attnlab.data.prepare import main
+
+    root, out = mini.make_archives(tmp_path / "downloads"), tmp_path / "out"
+    prepare_imagenet(root, out, workers=1, progress=False)
+    (out / MARKER).unlink()
+    (out / STAGING).mkdir()
+    (out / STAGING / "moving").write_text("")
+    (out / "val").rename(out / STAGING / "val")
+    with pytest.raises(UserError, match=r"stopped before it finished .* data\.prepared="):
+        find_layout(out)
+    with pytest.raises(SystemExit) as exit_:
+        main(["imagenet", str(out)])
+    assert exit_.value.code == 2 and "stopped before it finished" in capsys.readouterr().err
+    dm = _dm(root, prepared=str(out))
+    assert dm.layout.kind == "archives"
+    dm.setup("fit")
+    assert len(dm.train_set) == TRAIN and len(dm.val_set) == VAL and (out / MARKER).is_file()
+
+
+def test_a_tree_without_val_is_refused_unless_the_carve_out_is_asked_for(tmp_path):
+    root, out = mini.make_archives(tmp_path / "downloads"), tmp_path / "out"
+    prepare_imagenet(root, out, workers=1, progress=False)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (out / "train").rename(tree / "train")
+    with pytest.raises(UserError, match=r"has train/ but no val/.*data\.val_from_train=true"):
+        _dm(tree)
+    dm = _dm(tree, val_from_train=True, val_fraction=0.25)
+    dm.setup("fit")
+    assert len(dm.val_set) == TRAIN // 4 and len(dm.train_set) == TRAIN - TRAIN // 4

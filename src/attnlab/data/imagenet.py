@@ -43,10 +43,11 @@ class ImageNetDataModule(ImageFolderDataModule):
     extracted (default `root`); `source=hf`: the Hugging Face copy instead."""
 
     def __init__(self, root: str = "data/imagenet", source: str = "folder", hf_name: str = "ILSVRC/imagenet-1k",
-                 prepared: str | None = None, test_fraction: Fraction = 0.0, **kwargs: Any):
+                 prepared: str | None = None, test_fraction: Fraction = 0.0, val_from_train: bool = False,
+                 **kwargs: Any):
         if source not in ("folder", "hf"):
             raise UserError(f"data.source={source} is not known: use folder or hf.")
-        self.source, self.hf_name = source, hf_name
+        self.source, self.hf_name, self.val_from_train = source, hf_name, val_from_train
         self.prepared = Path(prepared) if prepared else None
         self.layout: Layout | None = None
         self.benchmark_split = ""  # the reported set, said with the results (cli/report.py)
@@ -95,6 +96,12 @@ class ImageNetDataModule(ImageFolderDataModule):
             splits["val"] = self._kaggle_val(classes)
         elif lay.val is not None:
             splits["val"] = self._val_tree(lay.val, classes)
+        elif not self.val_from_train:
+            raise UserError(
+                f"{lay.out} has train/ but no val/: ImageNet-1k is reported on its 50,000 validation images, and a "
+                "validation split carved out of train/ would report a number on training images. Put val/<wnid>/ "
+                f"beside {lay.train} (or point data.root at the three archives, which attnlab extracts), or set "
+                "data.val_from_train=true to carve data.val_fraction of train/ as the validation set on purpose.")
         self.check_num_classes(len(classes), str(lay.train))
         self.wnids = classes
         self.class_names = [lay.names.get(w, w) for w in classes]

@@ -200,8 +200,17 @@ def find_layout(root: Path, prepared: Path | None = None, hf_name: str = "ILSVRC
         names = {w: n for w, n, _ in read_marker(out)["classes"]}
         return Layout("prepared", root, out, out / "train", out / "val", names)
     has_archives = all((root / name).is_file() for name in ARCHIVES)
-    if has_archives and (out / STAGING).is_dir():  # a preparation that stopped: resumed, never read half-done
-        return Layout("archives", root, out)
+    stopped = next((t for t in dict.fromkeys((out, root)) if (t / STAGING).is_dir()), None)
+    if stopped is not None:  # a preparation that stopped: resumed from the archives, never read half-done
+        if has_archives:
+            return Layout("archives", root, out)
+        if any((root / name).is_file() for name in ARCHIVES):  # some of them: the paragraph naming what is missing
+            raise UserError(MISSING.format(root=root, hf_name=hf_name, found=_found(root)))
+        raise UserError(
+            f"{stopped} holds an ImageNet-1k preparation that stopped before it finished ({stopped / STAGING} is "
+            f"there, {stopped / MARKER} is not): its train/ and val/ are not whole, and are not read. Point data.root "
+            f"at the folder that holds {', '.join(ARCHIVES)}, with data.prepared={stopped}: the preparation resumes "
+            f"where it stopped (python -m attnlab.data.prepare imagenet <archives> --out {stopped}).")
     for tree in dict.fromkeys((out, root)):
         if (tree / "train").is_dir():
             val = tree / "val" if (tree / "val").is_dir() else None
