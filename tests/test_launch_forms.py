@@ -186,7 +186,8 @@ def kill_tree(pid: int) -> None:
 @pytest.mark.slow
 def test_a_killed_rdzv_id_launch_continues_in_its_folder_when_launched_again(tmp_path):
     """kill -9 of every process of a `torchrun --rdzv-id` launch mid-way; the same command again continues in the
-    same run folder from its last.ckpt, to the end of its budget."""
+    same run folder from its last.ckpt, to the end of its budget. Launched a third time, after its run finished, the
+    same id starts a new run in a new folder (docs/clusters.md)."""
     budget = ["trainer.max_epochs=2", "trainer.limit_train_batches=12", "trainer.limit_val_batches=2",
               "trainer.limit_test_batches=2", "data.num_workers=0", "callbacks.progress_bar=null",
               "extras.print_config=false", "callbacks.model_checkpoint.every_n_train_steps=2"]
@@ -214,6 +215,17 @@ def test_a_killed_rdzv_id_launch_continues_in_its_folder_when_launched_again(tmp
     assert re.search(rf"resuming from {re.escape(str(folder / 'checkpoints' / 'last.ckpt'))}", again.stdout)
     last = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
     assert last["global_step"] == 24  # the rest of the budget, not 24 more
+
+    # the same id once its run has finished names no launch any more: a new run, in a folder of its own, from scratch
+    argv[argv.index("--rdzv-endpoint") + 1] = f"127.0.0.1:{free_port()}"
+    third = launch([*argv, "trainer.max_epochs=3"], tmp_path)
+    assert third.returncode == 0, third.stdout[-3000:]
+    (new,) = [f for f in run_folders(tmp_path) if f != folder]
+    assert all(f"run folder {new} (claimed" in ln for ln in launch_lines(third.stdout) if ln.startswith("rank 0 "))
+    assert "resuming from" not in third.stdout
+    assert torch.load(new / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 36
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")[
+        "global_step"] == 24  # the finished run is left as it was
 
 
 def documented_form(command: str) -> str | None:
