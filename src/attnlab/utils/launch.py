@@ -15,8 +15,9 @@ A launch that starts again keeps its folder, and continues there from its last.c
 id and step ids stay; SLURM_RESTART_COUNT grows), torchrun's workers restarted by their agent
 (TORCHELASTIC_RESTART_COUNT), and a torchrun launched again with the same `--rdzv-id` while its run is unfinished
 (TORCHELASTIC_RUN_ID; a finished run frees its id, and the default id, `none`, names no launch). Only rank 0 writes
-Hydra's `.hydra` folder and `train.log`; rank N logs to `train_rank<N>.log` (the `rank_zero_only` and `rank_suffix` resolvers of conf/hydra/default.yaml). A process that no
-launcher started (Lightning's own DDP children come with `hydra.run.dir` set) claims its folder as before.
+Hydra's `.hydra` folder and `train.log`; rank N logs to `train_rank<N>.log` (the `rank_zero_only` and `rank_suffix`
+resolvers of conf/hydra/default.yaml). A process that no launcher started (Lightning's own DDP children come with
+`hydra.run.dir` set) claims its folder as before.
 
 Nothing here imports torch unless the process was started by torchrun or srun. A rank asks Lightning's cluster
 environments for its rank while Hydra sets up logging, before the entry point imports anything: importing attnlab
