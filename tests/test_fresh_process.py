@@ -7,6 +7,7 @@ starts from. Each ends by itself with status 0 and no traceback in its output.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,8 @@ def train_fresh(task: str, root: Path, data: Path, fresh: bool = True) -> Path:
     line = next(line for line in out.stdout.splitlines() if "run directory:" in line)
     run_dir = Path(line.split("run directory:", 1)[1].strip())
     assert (run_dir / "metrics.json").is_file(), out.stdout[-3000:]
+    flops = re.search(r"Total FLOPs: (\S+)", out.stdout)  # the model summary's count: the task's, never Lightning's 0
+    assert flops and flops.group(1) != "0", (task, flops and flops.group(0))
     return run_dir
 
 

@@ -122,7 +122,7 @@ def test_the_secret_reaches_the_logger_in_memory(monkeypatch):
 
     from attnlab import redact
 
-    monkeypatch.delenv(redact.SECRET_ENV, raising=False)
+    monkeypatch.setenv(redact.SECRET_ENV, "[]")  # restored when the test ends: what it takes stays in the test
     argv = redact.take_secret_overrides(["logger=wandb", f"+logger.wandb.settings.api_key={SECRET_OVERRIDE}",
                                          "data.max_tokens=12", "trainer.max_epochs=1"])
     assert argv == ["logger=wandb", "data.max_tokens=12", "trainer.max_epochs=1"]
@@ -511,13 +511,13 @@ def test_what_names_a_secret_and_where_its_value_goes(monkeypatch):
     for key in ("pad_token", "cls_token", "max_tokens", "sort_key", "cache_key", "tokenizer", "sample_tokens",
                 "monitor", "DATABASE_URL", "token_type_ids"):
         assert not redact.is_secret_key(key), key
-    monkeypatch.delenv(redact.SECRET_ENV, raising=False)
+    monkeypatch.setenv(redact.SECRET_ENV, "[]")  # restored when the test ends, as HF_API_TOKEN below
     monkeypatch.setenv("GITHUB_TOKEN", "gh-s3cret-1234")
     argv = ["+foo={token:dict-s3cret-1234,n:1}", "+hydra.job.env_set.HF_API_TOKEN=envset-s3cret-1234",
             "+notes=gh-s3cret-1234", "+bar={a:[1,2]}", "trainer.max_epochs=1"]
     assert redact.take_secret_overrides(argv) == ["+bar={a:[1,2]}", "trainer.max_epochs=1"]
     cfg = OmegaConf.create({"trainer": {"max_epochs": 1}})
-    monkeypatch.delenv("HF_API_TOKEN", raising=False)
+    monkeypatch.setenv("HF_API_TOKEN", "")
     redact.restore(cfg)
     assert cfg.foo == {"token": "dict-s3cret-1234", "n": 1} and cfg.notes == "gh-s3cret-1234"
     assert os.environ["HF_API_TOKEN"] == "envset-s3cret-1234" and "hydra" not in cfg

@@ -118,6 +118,36 @@ def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> 
     return peak * size // max(1, part) if size else peak
 
 
+def step_flops(task, batch) -> int | None:
+    """FLOPs of the task's training step (forward and loss, as torch's FlopCounterMode counts them) on one sample of
+    `batch`: on fake tensors, else on the real sample. None when the step cannot run outside the trainer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_map
+    from torch.utils.flop_counter import FlopCounterMode
+
+    size = _batch_len(batch)
+    if not size:
+        return None
+    one = tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() and len(t) == size else t, batch)
+    for fake in (True, False):
+        counter = FlopCounterMode(display=False)
+        try:
+            with _quiet_step(task), torch.no_grad(), contextlib.ExitStack() as stack:
+                if fake:
+                    mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                    sample = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, one)
+                else:
+                    sample = one
+                with counter:
+                    task.training_step(sample, 0)
+            return int(counter.get_total_flops())
+        except UserError:
+            raise
+        except Exception as e:  # a data-dependent shape on fake tensors: the real sample; else none
+            log.debug("FLOP count of the training step failed (%s)", e)
+    return None
+
+
 def materialize(task, batch) -> None:
     """Give lazy modules (`nn.LazyLinear`, ...) their parameters with one real step without gradients on two
     samples, as PyTorch asks before an optimizer is built; the estimate then counts them like any other."""
