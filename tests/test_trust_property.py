@@ -33,6 +33,11 @@ PLACES = ["hyper_parameters", "hparams", "module_arguments", "datamodule_hyper_p
           "loops", "optimizer_states", "dcp_bytes", "hydra_config", "file_name"]
 KINDS = ["payload", "dotted", "outside_path", "secret", "env"]
 ENTRIES = ["eval", "predict", "export", "init_from", "ckpt_path", "preflight", "rerun", "run_dir_resume", "compare"]
+# the entry points that read each place: a draw gives a place to one of them (compare reads every run folder)
+RESUMES = ["ckpt_path", "run_dir_resume"]
+READS = {"callbacks": [*RESUMES, "compare"], "loops": [*RESUMES, "compare"], "optimizer_states": [*RESUMES, "compare"],
+         "hydra_config": ["rerun", "compare"]} | {p: ENTRIES for p in PLACES if p not in (
+             "callbacks", "loops", "optimizer_states", "hydra_config")}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,7 @@ def _hostile_value(kind: str, name: str, marker: Path, victims: Path, data):
     return "${oc.env:" + SECRET_NAME + "}"
 
 
-def _place(node, value, path: list[int], key: str):
+def _place(node, value, path: list[int], key: str, drop_dirpath: bool = False):
     """`value` at `key` (a new key, or one it replaces) of a dict inside `node`, chosen by `path` (indices into each
     level's dict values)."""
     for i in path:
@@ -74,6 +79,8 @@ def _place(node, value, path: list[int], key: str):
         node.update(value)
     else:
         node[key] = value
+    if drop_dirpath:  # Lightning restores a checkpoint callback's paths only when its dirpath matches, or is gone
+        node.pop("dirpath", None)
 
 
 class Merge(dict):
@@ -88,11 +95,12 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     run_dir, real, _ = own
     out = tmp_path_factory.mktemp("draw")
     place, kind = data.draw(st.sampled_from(PLACES), "place"), data.draw(st.sampled_from(KINDS), "kind")
-    entry = data.draw(st.sampled_from(ENTRIES), "entry")
+    entry = data.draw(st.sampled_from(READS[place]), "entry")
     name = data.draw(st.sampled_from(NAMES), "name")
     path = data.draw(st.lists(st.integers(0, 5), max_size=2), label="path")
     key = data.draw(st.sampled_from(["hostile", "net", "_target_", "last_model_path", "best_model_path", "dirpath",
                                      "filename", "imports", "lr"]), "key")
+    drop = data.draw(st.booleans(), "drop dirpath")
     marker, victims = out / "markers" / "ran", out / "victims"
     (victims / "folder").mkdir(parents=True)
     (victims / "folder" / "notes.txt").write_text("outside\n")
@@ -125,7 +133,7 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     elif place == "optimizer_states":
         _place(state["optimizer_states"][0], value, path, key)
     else:
-        _place(state[place], value, path, key)
+        _place(state[place], value, path, key, drop)
     if place == "dcp_bytes":
         ckpt.mkdir()
         hostile._sharded(state, ckpt)
