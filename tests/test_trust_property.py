@@ -27,11 +27,22 @@ from conftest import run_cli
 
 EXAMPLES = int(os.environ.get("ATTNLAB_PROPERTY_EXAMPLES", "50"))
 SECRET_NAME, SECRET = "GITHUB_TOKEN", "prop-s3cret-51e7c2aa"
+# a value of the environment whose name does not say it is a secret: only the rule for interpolations keeps it out
+PLAIN_NAME, PLAIN = "DATABASE_URL", "postgres://prop-user:prop-pw@db/51e7"
 NAMES = ["os.system", "attnlab.lineage.subprocess.Popen", "attnlab.cli.builders.logging.FileHandler",
          "builtins.exec", "subprocess.run", "attnlab.utils.atomic.os.remove", "hostile_import_payload.Anything"]
 PLACES = ["hyper_parameters", "hparams", "module_arguments", "datamodule_hyper_parameters", "config", "callbacks",
           "loops", "optimizer_states", "dcp_bytes", "hydra_config", "file_name"]
 KINDS = ["payload", "dotted", "outside_path", "secret", "env"]
+# where each kind can do something (the other places are the same kind's bytes at rest) and the keys it goes to
+CHECKPOINT_PLACES = [p for p in PLACES if p != "hydra_config"]
+KIND_PLACES = {"payload": CHECKPOINT_PLACES, "outside_path": ["callbacks"], "env": ["hydra_config", "config"],
+               "secret": ["hyper_parameters", "hparams", "config"],
+               "dotted": ["hyper_parameters", "hparams", "module_arguments", "datamodule_hyper_parameters", "config",
+                          "hydra_config", "file_name"]}
+ANY_KEY = ["hostile", "net", "_target_", "last_model_path", "best_model_path", "dirpath", "filename", "imports", "lr"]
+KIND_KEYS = {"outside_path": ["last_model_path", "best_model_path", "kth_best_model_path"],
+             "secret": ["net", "_target_", "hostile"]}
 ENTRIES = ["eval", "predict", "export", "init_from", "ckpt_path", "preflight", "rerun", "run_dir_resume", "compare"]
 # the entry points that read each place: a draw gives a place to one of them (compare reads every run folder)
 RESUMES = ["ckpt_path", "run_dir_resume"]
@@ -64,7 +75,7 @@ def _hostile_value(kind: str, name: str, marker: Path, victims: Path, data):
                                           str(victims / "log.txt"), f"{victims}/../{victims.name}/folder"]))
     if kind == "secret":
         return SECRET
-    return "${oc.env:" + SECRET_NAME + "}"
+    return "${oc.env:" + data.draw(st.sampled_from([SECRET_NAME, PLAIN_NAME]), "variable") + "}"
 
 
 def _place(node, value, path: list[int], key: str, drop_dirpath: bool = False):
@@ -94,13 +105,13 @@ class Merge(dict):
 def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own, tmp_path_factory, data):
     run_dir, real, _ = own
     out = tmp_path_factory.mktemp("draw")
-    place, kind = data.draw(st.sampled_from(PLACES), "place"), data.draw(st.sampled_from(KINDS), "kind")
+    kind = data.draw(st.sampled_from(KINDS), "kind")
+    place = data.draw(st.sampled_from(KIND_PLACES[kind]), "place")
     entry = data.draw(st.sampled_from(READS[place]), "entry")
     name = data.draw(st.sampled_from(NAMES), "name")
     path = data.draw(st.lists(st.integers(0, 5), max_size=2), label="path")
-    key = data.draw(st.sampled_from(["hostile", "net", "_target_", "last_model_path", "best_model_path", "dirpath",
-                                     "filename", "imports", "lr"]), "key")
-    drop = data.draw(st.booleans(), "drop dirpath")
+    key = data.draw(st.sampled_from(KIND_KEYS.get(kind, ANY_KEY)), "key")
+    drop = kind == "outside_path" or data.draw(st.booleans(), "drop dirpath")
     marker, victims = out / "markers" / "ran", out / "victims"
     (victims / "folder").mkdir(parents=True)
     (victims / "folder" / "notes.txt").write_text("outside\n")
@@ -132,6 +143,9 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
         _place(state[place], value, path, key)
     elif place == "optimizer_states":
         _place(state["optimizer_states"][0], value, path, key)
+    elif kind == "outside_path":
+        holders = [v for v in state["callbacks"].values() if isinstance(v, dict) and "last_model_path" in v]
+        _place(holders[path[0] % len(holders)] if path else holders[0], value, [], key, drop)
     else:
         _place(state[place], value, path, key, drop)
     if place == "dcp_bytes":
@@ -150,7 +164,7 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     if script == "train.py" and "--rerun" not in args:
         args = [*args, "trainer.max_epochs=2"]  # a resumed run trains on, and saves again
     env = {"ATTNLAB_LOG_DIR": str(out / "logs"), "ATTNLAB_CACHE_DIR": str(out / "cache"),
-           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", SECRET_NAME: SECRET}
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", SECRET_NAME: SECRET, PLAIN_NAME: PLAIN}
     result = _run_in_process({"name": "drawn", "script": script, "args": args, "cwd": str(out / "modules"),
                               "env": env})
     note = f"{place}/{kind}/{entry}/{name}: {result['output'][-3000:]}"
@@ -159,11 +173,12 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     assert "Traceback" not in result["output"] and result["code"] in (0, 2), note
     if result["code"] == 2:
         assert "\n" not in result["output"].split("attnlab: error: ", 1)[-1].strip(), note
-    assert SECRET not in result["output"], note
+    assert SECRET not in result["output"] and PLAIN not in result["output"], note
     for p in out.rglob("*"):  # what the command wrote: its run folders, and what it added to the one it resumed
         if p.is_file() and (p.is_relative_to(out / "logs") or p.stat().st_mtime_ns > built) and not (
                 kind == "secret" and p.suffix == ".ckpt"):  # a checkpoint carries a file's own state on, as it is
-            assert SECRET.encode() not in p.read_bytes(), f"{p}: {note}"
+            data_ = p.read_bytes()
+            assert SECRET.encode() not in data_ and PLAIN.encode() not in data_, f"{p}: {note}"
 
 
 def _run_in_process(case: dict) -> dict:
