@@ -41,7 +41,7 @@ KIND_PLACES = {"payload": CHECKPOINT_PLACES, "outside_path": ["callbacks"], "env
                "dotted": ["hyper_parameters", "hparams", "module_arguments", "datamodule_hyper_parameters", "config",
                           "hydra_config", "file_name"]}
 ANY_KEY = ["hostile", "net", "_target_", "last_model_path", "best_model_path", "dirpath", "filename", "imports", "lr"]
-KIND_KEYS = {"outside_path": ["last_model_path", "best_model_path", "kth_best_model_path"],
+KIND_KEYS = {"outside_path": ["last_model_path", "last_model_path", "best_model_path", "kth_best_model_path"],
              "secret": ["net", "_target_", "hostile"]}
 ENTRIES = ["eval", "predict", "export", "init_from", "ckpt_path", "preflight", "rerun", "run_dir_resume", "compare"]
 # the entry points that read each place: a draw gives a place to one of them (compare reads every run folder)
@@ -71,8 +71,8 @@ def _hostile_value(kind: str, name: str, marker: Path, victims: Path, data):
         node = {"command": touch, "args": ["touch", str(marker)], "filename": str(victims / "log.txt"), "mode": "w"}
         return Merge({data.draw(st.sampled_from(["net", "_target_"]), "name key"): name, **node})
     if kind == "outside_path":
-        return data.draw(st.sampled_from([str(victims / "folder"), f"local://{victims / 'folder'}",
-                                          str(victims / "log.txt"), f"{victims}/../{victims.name}/folder"]))
+        return data.draw(st.sampled_from([f"local://{victims / 'folder'}", f"local://{victims / 'log.txt'}",
+                                          str(victims / "folder"), f"{victims}/../{victims.name}/folder"]))
     if kind == "secret":
         return SECRET
     return "${oc.env:" + data.draw(st.sampled_from([SECRET_NAME, PLAIN_NAME]), "variable") + "}"
@@ -107,7 +107,7 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     out = tmp_path_factory.mktemp("draw")
     kind = data.draw(st.sampled_from(KINDS), "kind")
     place = data.draw(st.sampled_from(KIND_PLACES[kind]), "place")
-    entry = data.draw(st.sampled_from(READS[place]), "entry")
+    entry = data.draw(st.sampled_from(RESUMES if kind == "outside_path" else READS[place]), "entry")
     name = data.draw(st.sampled_from(NAMES), "name")
     path = data.draw(st.lists(st.integers(0, 5), max_size=2), label="path")
     key = data.draw(st.sampled_from(KIND_KEYS.get(kind, ANY_KEY)), "key")
