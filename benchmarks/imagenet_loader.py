@@ -95,7 +95,9 @@ def attnlab_loader(root: Path, args):
     from attnlab.config import compose_run
 
     out = scratch_folder("attnlab-loader-")
-    cfg = compose_run(["data=imagenet", f"data.root={root}", "data.num_classes=10", f"data.batch_size={args.batch}",
+    # a train/ tree of its own images only: its validation split carved out on purpose (the loader times train/)
+    cfg = compose_run(["data=imagenet", f"data.root={root}", "data.val_from_train=true", "data.num_classes=10",
+                       f"data.batch_size={args.batch}",
                        f"data.num_workers={args.workers}", f"++data.augment.auto_augment={AUTO_AUGMENT}",
                        f"++data.augment.re_mode={RE_MODE}", f"++data.augment.re_prob={RE_PROB}",
                        "++data.augment.interpolation=bicubic", "extras.print_config=false"],
