@@ -188,7 +188,7 @@ def wandb_records(run_file: Path) -> list:
 @pytest.fixture(autouse=True)
 def _no_command_left_over():
     """Each test starts with no command's trust decided (an in-process train(cfg) of another test sets one)."""
-    from attnlab import trust
+    from attnlab.checkpoints import trust
 
     trust.reset()
     yield

@@ -30,7 +30,7 @@ def _reset() -> None:
     import attnlab.cli.train as train
 
     train._rerun, rerun._run_dir, rerun._asked, rerun._given = None, None, [], None
-    from attnlab import trust
+    from attnlab.checkpoints import trust
 
     trust.reset()
     for logger in (logging.getLogger(), logging.getLogger("attnlab")):
@@ -72,9 +72,7 @@ def run(case: dict) -> dict:
 if __name__ == "__main__":
     cases_file, report_file = map(Path, sys.argv[1:3])
     cases = json.loads(cases_file.read_text())
-    from attnlab.cli.app import import_run_stack
-
-    import_run_stack()
+    import lightning  # noqa: F401  (once, for every case)
     report = {}
     for case in cases:
         report[case["name"]] = run(case)

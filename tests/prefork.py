@@ -13,9 +13,8 @@ cannot change in a forked child: a command whose environment differs from the se
 other than a script or a module, and every command when ATTNLAB_TEST_PREFORK=0 (in the tests' environment or the
 command's), run as a real `python` process. PYTHONPATH is the exception: the child's sys.path is made from it as
 the interpreter makes it, unless it would shadow a module the server imported or run a sitecustomize
-(Server.shadowed). What the server preloads it imports the way the entry points do
-(attnlab.cli.app.import_run_stack), so that a forked run ends with the modules a new process ends
-with (tests/test_prefork.py compares them).
+(Server.shadowed). A forked run ends with the modules a new process ends with (tests/test_prefork.py
+compares them).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-# what every entry point imports before its work, imported the way it imports them (attnlab.cli.app's
-# import_run_stack after these)
+# what every entry point imports before its work (and Lightning after these)
 PRELOAD = ["attnlab.cli.app", "hydra", "omegaconf", "attnlab.config"]
 # environment variables that the interpreter or a preloaded module reads at start-up or import (and so the server's
 # values would win); not those the libraries set themselves while a test trains in the worker (Lightning's PL_*,
@@ -56,8 +54,7 @@ def python_path(env):
 
 for name in sys.argv[2].split(","):
     __import__(name)
-from attnlab.cli.app import import_run_stack
-import_run_stack()
+import lightning
 server = socket.socket(socket.AF_UNIX)
 server.bind(sys.argv[1])
 server.listen(16)

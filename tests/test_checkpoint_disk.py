@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.checkpoints import newest_last
+from attnlab.checkpoints.reading import newest_last
 from attnlab.utils.atomic import link_file
 from conftest import FAST, compose_cfg, run_cli
 
@@ -75,7 +75,7 @@ def test_last_ckpt_is_written_itself_at_a_step_no_top_k_checkpoint_holds(tmp_pat
 @pytest.mark.parametrize("allowed", ["symlink", "copy"])
 def test_without_hard_links_last_ckpt_is_a_symlink_that_never_dangles_else_a_copy(tmp_path, monkeypatch, allowed):
     from attnlab.cli.training import train
-    from attnlab.compat import CheckpointBase
+    from attnlab.compat.checkpoint import CheckpointBase
 
     def refused(*args, **kwargs):
         raise OSError(errno.EPERM, "Operation not permitted")

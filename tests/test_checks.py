@@ -137,10 +137,12 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
     monkeypatch.setattr("os._exit", exits.append)
     guard = SignalGuard(patience_s=30)
     guard._trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(last_model_path=str(tmp_path / "last.ckpt")),
-                                     callbacks=[], default_root_dir=str(tmp_path))
+                                     callbacks=[], default_root_dir=str(tmp_path), world_size=1,
+                                     _signal_connector=SimpleNamespace(received_sigterm=False))
     guard.step_started = time.monotonic()
     guard.on_sigterm(15, None)
-    assert exits == []  # the first, mid-step: Lightning saves after the step
+    assert exits == []  # the first, mid-step: Lightning stops and saves after the step
+    assert guard._trainer._signal_connector.received_sigterm
     guard.on_sigterm(15, None)
     assert exits == [143]
 

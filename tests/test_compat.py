@@ -1,4 +1,4 @@
-"""Every Lightning and torchmetrics internal attnlab uses (attnlab/compat.py) exists in the installed versions: a
+"""Every Lightning and torchmetrics internal attnlab uses (attnlab/compat/) exists in the installed versions: a
 release that moves one fails here, by name. What each does for a run is tested through the runs (resume, checkpoints,
 logging, the memory estimate)."""
 
@@ -13,6 +13,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import attnlab
 import attnlab.compat as compat
+
+COMPAT = Path(compat.__file__).parent  # the package: the one door
 
 
 def test_the_internals_compat_uses_exist():
@@ -74,11 +76,11 @@ def _metric_private_names() -> set[str]:
 
 def test_no_module_but_compat_touches_a_private_torchmetrics_attribute():
     """`metric._defaults`, `metric._update_count`, ...: the private names of a torchmetrics Metric (those an
-    nn.Module does not have) appear only in compat.py."""
+    nn.Module does not have) appear only in compat/."""
     private = _metric_private_names()
     found = []
     for path in Path(attnlab.__file__).parent.rglob("*.py"):
-        if path.name == "compat.py":
+        if path.parent == COMPAT:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in private:
@@ -90,11 +92,11 @@ def test_no_module_but_compat_touches_a_private_torchmetrics_attribute():
 
 
 def test_no_module_but_compat_touches_a_private_lightning_attribute():
-    """`trainer._x`, `loop._x`, `super()._x(...)`: private names of Lightning objects appear only in compat.py."""
+    """`trainer._x`, `loop._x`, `super()._x(...)`: private names of Lightning objects appear only in compat/."""
     suspects = ("trainer", "loop", "fit_loop", "super()", "_trainer", "connector")
     found = []
     for path in Path(attnlab.__file__).parent.rglob("*.py"):
-        if path.name == "compat.py":
+        if path.parent == COMPAT:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -102,4 +104,42 @@ def test_no_module_but_compat_touches_a_private_lightning_attribute():
                 if owner.split(".")[-1] in suspects or owner.endswith(("trainer", "_connector")):
                     found.append(f"{path.name}:{node.lineno} {owner}.{node.attr}")
     assert found == [], found
-    assert inspect.getsource(compat).count("._") > 5  # and compat.py is where they are
+    import attnlab.compat.checkpoint as checkpoint
+
+    assert inspect.getsource(compat).count("._") + inspect.getsource(checkpoint).count("._") > 5  # and here they are
+
+
+def private_imports(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each import of another package's private name in `source`: `from x import _y`,
+    `from x._y import z`, `import x._y` (the standard library's own private modules, such as `_codecs`, and
+    attnlab's own modules are not counted)."""
+    import sys
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top not in ("attnlab", "hydra_plugins") and top not in sys.stdlib_module_names and any(
+                    p.startswith("_") and not p.startswith("__") for p in name.split(".")):
+                found.append((node.lineno, name))
+                break
+    return found
+
+
+def test_no_module_but_compat_imports_a_private_name():
+    src = Path(attnlab.__file__).parents[1]
+    found = [f"{path.relative_to(src)}:{line} {name}" for path in sorted(src.rglob("*.py"))
+             if path.parent != COMPAT for line, name in private_imports(path.read_text())]
+    assert found == [], found
+
+
+def test_the_check_finds_a_private_import():
+    source = ("from torch.utils._pytree import tree_leaves\nfrom lightning.x import _y\nimport a._b\n"
+              "from hydra_plugins.attnlab_slurm_launcher._states import FINAL\nimport _codecs\nimport os.path\n")
+    assert private_imports(source) == [(1, "torch.utils._pytree"), (2, "lightning.x._y"), (3, "a._b")]

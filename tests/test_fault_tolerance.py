@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attnlab.callbacks.checkpoint import AtomicCheckpointIO
+from attnlab.checkpoints.io import AtomicCheckpointIO
 import prefork
 from conftest import ROOT, DATA_DIR, run_cli, wandb_offline
 
@@ -62,6 +62,49 @@ def test_sigterm_saves_the_current_step_before_exit(tmp_path):
     assert f"stopped on SIGTERM: step {saved['global_step']} is saved in {last}" in out, out[-2000:]
 
 
+def _processes_of(run_dir) -> list[int]:
+    """The processes whose command line names `run_dir` (a run's ranks)."""
+    found = []
+    for proc in os.listdir("/proc"):
+        try:
+            if proc.isdigit() and str(run_dir).encode() in open(f"/proc/{proc}/cmdline", "rb").read():
+                found.append(int(proc))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["rank 0", "every rank"])
+def test_sigterm_stops_a_run_of_two_ranks_after_the_same_step(tmp_path, to):
+    """SIGTERM to one rank of a `trainer=ddp_cpu` run (the `kill` of its pid) or to all of them (as SLURM signals a
+    step's tasks), at any moment: every rank stops after the same step, last.ckpt holds it, and the process ends with
+    SIGTERM's status. Collectives inside a signal handler would meet ranks in another collective and wait forever."""
+    run_dir = tmp_path / "run"
+    env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
+                        "PYTHONUNBUFFERED": "1"}
+    proc = prefork.Popen(
+        [sys.executable, str(ROOT / "train.py"), "trainer=ddp_cpu", "trainer.devices=2", "trainer.max_epochs=50",
+         "extras.print_config=false", "callbacks.progress_bar=null", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last, deadline = run_dir / "checkpoints" / "last.ckpt", time.time() + 300
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert last.exists(), "training never wrote its first checkpoint"
+    time.sleep(1.5)  # well into the next epoch
+    for pid in ([proc.pid] if to == "rank 0" else _processes_of(run_dir)):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for pid in _processes_of(run_dir):
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the ranks did not stop on SIGTERM to {to}:\n{proc.communicate()[0][-3000:]}")
+    step = torch.load(last, weights_only=False)["global_step"]
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert out.count(f"stopped on SIGTERM: step {step} is saved in {last}") == 2, out[-3000:]
+
+
 def _metrics(run_dir):
     return json.loads((run_dir / "metrics.json").read_text())
 
@@ -90,12 +133,16 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     last = run_dir / "checkpoints" / "last.ckpt"
     proc = prefork.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
-    step, deadline = 0, time.time() + 300
+    step, seen, deadline = 0, None, time.time() + 300
     while proc.poll() is None and time.time() < deadline:  # kill in the second epoch, after a mid-epoch save
-        if last.exists():
-            step = torch.load(last, weights_only=False, map_location="cpu")["global_step"]
-            if step > steps_per_epoch:
-                break
+        try:
+            written = last.stat().st_mtime_ns
+            if written != seen:  # read each save once (saved atomically: a new file replaces the old)
+                seen, step = written, torch.load(last, weights_only=False, map_location="cpu")["global_step"]
+        except OSError:  # not saved yet, or its link replaced meanwhile
+            pass
+        if step > steps_per_epoch:
+            break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -384,6 +431,8 @@ def test_a_second_sigterm_ends_at_once_leaving_no_temporary_file_and_the_wandb_r
          "extras.print_config=false", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     checkpoints, deadline = run_dir / "checkpoints", time.time() + 300
+    while not checkpoints.is_dir() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)  # until the first checkpoint is saved (one each step from then on)
     while not list(checkpoints.glob(".*.tmp*")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.002)  # until a checkpoint is being written
     proc.send_signal(signal.SIGTERM)

@@ -303,13 +303,14 @@ def test_glue_from_a_saved_dataset_with_pairs_names_and_mcc(tmp_path):
 def test_glue_offline_and_bad_task_are_refused(tmp_path, hub_offline):
     from attnlab.data.glue import GlueDataModule
 
-    with pytest.raises(UserError, match="stsb is a regression task"):
-        GlueDataModule(task="stsb")
+    with pytest.raises(UserError, match="data.task=sts is not a GLUE task: use one of cola, sst2, mrpc, stsb"):
+        GlueDataModule(task="sts")
     with pytest.raises(UserError, match=r"GLUE mrpc is a sentence-pair task with the text column\(s\) sentence1, "
                                         "sentence2. Leave data.text_columns=null"):
         GlueDataModule(task="mrpc", text_columns=["sentence1"])
     dm = GlueDataModule(task="mrpc", cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(UserError, match=r"could not load 'nyu-mll/glue' \(mrpc\).*save_to_disk.*data.local_path"):
+    with pytest.raises(UserError, match=r"could not load 'nyu-mll/glue' \(mrpc\).*data.local_path.*glue_data.*"
+                                        "save_to_disk"):
         dm.setup("fit")
 
 
@@ -329,3 +330,20 @@ def test_gpt_classifier_from_hf_gpt2_trains_and_predicts(hf_gpt2, small_data, tm
     predict(compose_cfg([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
                          "text='a gripping , funny movie'"], tmp_path / "pred", config_name="predict"))
     assert re.match(r"[01] \(0\.\d{3}\): a gripping , funny movie", capsys.readouterr().out)
+
+
+def test_the_glue_recipe_starts_from_hf_bert_on_a_regression(hf_bert, tmp_path):
+    """experiment=bert_glue from hf:<BERT weights>: their sizes and post-norm layout replace the recipe's, their
+    tokenizer reads GLUE's text, and STS-B's one-output head is new (the weights have none)."""
+    import glue_mini
+    import yaml
+
+    tsv = glue_mini.write_tsv_tree(tmp_path / "glue_data")
+    cfg = compose_cfg(["experiment=bert_glue", "data.task=stsb", f"data.local_path={tsv}",
+                       f"model.init_from=hf:{hf_bert}", "data.max_length=32", "data.batch_size=8", "trainer=cpu",
+                       "trainer.max_steps=4", "logger=csv", *FAST], tmp_path / "run")
+    train(cfg)
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["norm_position"] == "post" and saved["model"]["n_embd"] == 32
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert {"test/pearson", "test/spearman"} <= set(metrics)

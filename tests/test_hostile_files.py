@@ -140,7 +140,7 @@ def _real(base) -> bytes:
 
 
 def test_each_kind_of_file_gets_its_own_paragraph(base, tmp_path):
-    from attnlab.checkpoints import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     real = _real(base)
     with zipfile.ZipFile(base[0] / "checkpoints" / "last.ckpt") as zf:
@@ -170,8 +170,8 @@ def test_each_kind_of_file_gets_its_own_paragraph(base, tmp_path):
 
 @pytest.mark.parametrize("protocol", [2, 4])
 def test_a_payload_is_refused_whatever_the_pickle_protocol_or_format(tmp_path, protocol, monkeypatch):
-    from attnlab.callbacks.checkpoint import AtomicCheckpointIO
-    from attnlab.checkpoints import load_checkpoint
+    from attnlab.checkpoints.io import AtomicCheckpointIO
+    from attnlab.checkpoints.reading import load_checkpoint
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     marker = tmp_path / "ran"
@@ -191,7 +191,7 @@ def test_a_payload_is_refused_whatever_the_pickle_protocol_or_format(tmp_path, p
 def test_trust_loads_in_full(tmp_path):
     from argparse import Namespace
 
-    from attnlab.checkpoints import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     path = tmp_path / "namespace.ckpt"
     torch.save({"hyper_parameters": {"args": Namespace(lr=0.5)}}, path)  # Lightning's older hparams
@@ -201,7 +201,7 @@ def test_trust_loads_in_full(tmp_path):
 
 
 def test_a_payload_in_a_sharded_checkpoints_meta_pt(base, tmp_path):
-    from attnlab.checkpoints import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
 
     state = torch.load(base[0] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     folder = tmp_path / "last.ckpt"
@@ -216,9 +216,9 @@ def test_a_payload_in_a_sharded_checkpoints_meta_pt(base, tmp_path):
 
 
 def test_what_a_file_names_is_built_only_from_the_table_or_the_commands_own_config(monkeypatch):
-    """attnlab.trust.decide: exact names of the table, or the command's own config at the same key, or what a module
+    """attnlab.checkpoints.trust.decide: exact names of the table, or the command's own config at the same key, or what a module
     of the command's own extras.imports defines; never what merely resolves, nor a word elsewhere on the command."""
-    from attnlab import trust
+    from attnlab.checkpoints import trust
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "userproject"))
     import userpkg.nets  # noqa: F401  (extras.imports has imported it by the time anything is built)
@@ -345,7 +345,7 @@ def test_a_run_folder_never_trusts_itself(tmp_path):
     trust_checkpoint the folder's own config sets counts for nothing."""
     import yaml
 
-    from attnlab import trust
+    from attnlab.checkpoints import trust
     from attnlab.cli import rerun
 
     run_dir = tmp_path / "run"
@@ -473,7 +473,7 @@ def test_a_run_folder_from_elsewhere_grants_nothing_and_copies_no_environment(tm
 
     import yaml
 
-    from attnlab import trust
+    from attnlab.checkpoints import trust
     from attnlab.cli import rerun
 
     monkeypatch.setenv("DATABASE_URL", "postgres://user:pw@db/x")

@@ -217,7 +217,7 @@ def test_predict_py_gives_the_probabilities_of_the_device_normalized_batch(tmp_p
     """predict.py applies the eval transform outside Lightning and normalizes on the host: the same numbers as a
     validation batch normalized on the device."""
     from attnlab.cli.builders import load_task
-    from attnlab.resume import read_run_metadata
+    from attnlab.checkpoints.resume import read_run_metadata
     from attnlab.cli.predict import predict
     from attnlab.cli.training import train
     from attnlab.data.images import FileImages, image_files

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import attnlab
 
 SRC = Path(attnlab.__file__).parent
-DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "architecture.md"
 
 
 def allowed_table() -> dict[str, set[str] | None]:
@@ -19,9 +22,9 @@ def allowed_table() -> dict[str, set[str] | None]:
     table = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 3 or not cells[0].startswith("`"):
+        if len(cells) != 5 or not cells[0].startswith("`"):
             continue
-        may = re.sub(r"\([^)]*\)", "", cells[2])
+        may = re.sub(r"\([^)]*\)", "", cells[4])
         allowed = None if may.strip() == "everything" else {
             m.strip().strip("`").rstrip("/").removesuffix(".py") for m in may.split(",") if m.strip() not in ("", "—")}
         for name in re.findall(r"`([^`]+)`", cells[0]):
@@ -109,7 +112,8 @@ def test_the_check_finds_a_function_level_import_going_the_wrong_way(tmp_path):
     path.write_text("import torch\n\n\ndef f():\n    from attnlab.cli.builders import device_count\n"
                     "    from . import settings\n")
     assert violations(path, allowed_table(), module="attnlab.memory") == [
-        "attnlab.memory:5 imports attnlab.cli.builders (memory may import devices, errors, settings, utils)"]
+        "attnlab.memory:5 imports attnlab.cli.builders (memory may import compat, devices, errors, settings, "
+        "traced_step, utils)"]
 
 
 # what runs below the entry points takes the run's plan or plain values (cli/plan.py), never the raw config
@@ -123,3 +127,82 @@ def test_the_modules_below_the_plan_do_not_import_omegaconf():
                  if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "omegaconf" for a in node.names)
                  or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "omegaconf"]
         assert not found, f"these import OmegaConf: {found}"
+
+
+IMPORT_SYSTEM = r"""
+import importlib, pkgutil, sys, types
+finders, path_hooks = list(sys.meta_path), list(sys.path_hooks)
+import attnlab
+assert sys.meta_path == finders and sys.path_hooks == path_hooks, "import attnlab changed the import system"
+before = set(sys.modules)
+for info in pkgutil.walk_packages(attnlab.__path__, "attnlab."):
+    if not info.name.endswith(".__main__"):  # a package's command line, which runs when imported
+        importlib.import_module(info.name)
+# a stand-in (an object of attnlab's own type), or a module of attnlab's under another package's name
+odd = [k for k, m in sys.modules.items() if k not in before and (type(m).__module__.startswith("attnlab") or (
+    str(getattr(m, "__name__", "")).startswith("attnlab") and not k.startswith("attnlab")))]
+# what the libraries attnlab imports install is theirs (six's, transformers' alias finders); none is attnlab's
+ours = [f for f in [*sys.meta_path, *sys.path_hooks] if type(f).__module__.startswith("attnlab")
+        or getattr(f, "__module__", "").startswith("attnlab")]
+print(ours, odd)
+"""
+
+
+def test_importing_attnlab_leaves_the_import_system_as_it_found_it():
+    """In a new process: `import attnlab`, then every module of it, leave sys.meta_path and sys.path_hooks as they
+    were (the finders the libraries it imports install are theirs, none is attnlab's), and nothing they put into
+    sys.modules is a stand-in of attnlab's or one of its modules under another package's name."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_SYSTEM], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip().endswith("[] []"), out.stdout + out.stderr[-3000:]
+
+
+def test_no_module_of_attnlab_writes_the_import_system():
+    """Nothing under src/ assigns into sys.modules or touches sys.meta_path / sys.path_hooks."""
+    pattern = re.compile(r"sys\.(meta_path|path_hooks)|sys\.modules\s*\[[^\]]*\]\s*=|sys\.modules\.(setdefault|update)")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "src").rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def _approx(n: int) -> str:
+    return f"{round(n, -1) if n < 1000 else round(n, -2):,}"
+
+
+def _size(names: list[str]) -> tuple[str, str]:
+    """A table row's (lines, largest module) as the tree has them: a package's files (`cli/` without `cli/predict/`,
+    which has its own row), or the modules the row names."""
+    if names[0] == "attnlab":
+        return _approx(_lines(SRC / "__init__.py")), "—"
+    total, largest = 0, None
+    for name in names:
+        if not name.endswith("/"):
+            total += _lines(SRC / name)
+            continue
+        folder = SRC / name.rstrip("/")
+        files = [p for p in folder.rglob("*.py") if not (name == "cli/" and p.relative_to(folder).parts[0] == "predict")]
+        total += sum(map(_lines, files))
+        big = max(files, key=_lines)
+        if largest is None or _lines(big) > largest[1]:
+            largest = (str(big.relative_to(folder)), _lines(big))
+    return _approx(total), f"`{largest[0]}` ({_approx(largest[1])})" if largest else "—"
+
+
+def test_the_package_table_states_each_package_s_size_and_largest_module():
+    """The "lines" and "largest module" columns of the package table are the tree's (to the nearest 10, or 100 above
+    a thousand): a package that grows or a module that outgrows the others changes the table with it."""
+    text = DOC.read_text().split("## Packages", 1)[1].split("\n## ", 1)[0]
+    wrong = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].startswith("`") or cells[0] == "`conf/`":
+            continue
+        names = [n for n in re.findall(r"`([^`]+)`", cells[0]) if n != "__init__.py"]
+        if (cells[2], cells[3]) != _size(names):
+            wrong.append(f"{cells[0]}: the table says {cells[2]} lines, {cells[3]}; the tree has {_size(names)}")
+    assert wrong == []
+    assert max(_lines(p) for p in SRC.rglob("*.py")) <= 400  # no module over 400 lines

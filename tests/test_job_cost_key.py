@@ -1,4 +1,4 @@
-"""The key of a run's cost (attnlab.utils.job_costs.fingerprint): what changes a step changes it, what does not
+"""The key of a run's cost (attnlab.cluster.costs.fingerprint): what changes a step changes it, what does not
 leaves it alone; the job (from its `.hydra/config.yaml`) and the driver (from its composition of the sweep) compute
 the same key; a sweep sized by `launcher=slurm`'s own path (fit_command_line) with a made-up partition."""
 
@@ -14,9 +14,9 @@ from attnlab.callbacks import job_cost
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.cli import slurm as driver
 from attnlab.lineage import code_record
-from attnlab.utils.slurm_nodes import Cluster, NodeKind, Partition, parse_sinfo
+from attnlab.cluster.nodes import Cluster, NodeKind, Partition, parse_sinfo
 from attnlab.config import CONF_DIR
-from attnlab.utils import job_costs as estimates
+from attnlab.cluster import costs as estimates
 
 KIND = NodeKind(2, 8, 16000, 0, "")
 NODE = estimates.node_type(KIND)
@@ -140,7 +140,7 @@ def test_a_sweep_is_sized_from_its_jobs_own_records(tmp_path, monkeypatch):
     data.batch_size records under the key the job computes; the next sweep finds both, whose estimates give the same
     time limit (no comparison of the records), and keeps the user's signal lead."""
     part = Partition("debug", [KIND], time_limit_min=1440, default=True)
-    monkeypatch.setattr("attnlab.utils.slurm_nodes.read_cluster", lambda: Cluster({"debug": part}))
+    monkeypatch.setattr("attnlab.cluster.nodes.read_cluster", lambda: Cluster({"debug": part}))
     monkeypatch.setattr("attnlab.cli.slurm.sbatch.test_only", lambda params, named: None)
     common = ["launcher=slurm", "trainer=cpu", f"paths.cache_dir={tmp_path / 'cache'}", "launcher.timeout_min=auto",
               "launcher.mem_gb=auto", "trainer.max_epochs=3"]

@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from attnlab.callbacks import job_cost
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.cli.slurm import estimates as sizing
-from attnlab.utils.slurm_nodes import NodeKind, Partition
+from attnlab.cluster.nodes import NodeKind, Partition
 from attnlab.cli.slurm.fit import AUTO, Fit, Settings
-from attnlab.utils import job_costs as estimates
+from attnlab.cluster import costs as estimates
 
 GB = 2**30
 

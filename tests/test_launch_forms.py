@@ -96,8 +96,6 @@ LAUNCH_FORMS = {
     "python train.py trainer=ddp_cpu": ([sys.executable, "train.py", *DDP], 2),
     "torchrun --standalone": (["torchrun", "--standalone", "--nproc-per-node", "2", "train.py", *DDP], 2),
     "torchrun": (["torchrun", "--nproc-per-node", "2", "train.py", *DDP], 2),
-    "python -m torch.distributed.run": ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                                         "train.py", *DDP], 2),
     "torchrun --rdzv-id": ([*rdzv("exp42", 0), "train.py", *DDP], 2),
 }
 ELSEWHERE = {  # launch forms of a cluster, tested where the cluster is
@@ -231,7 +229,7 @@ def test_a_killed_rdzv_id_launch_continues_in_its_folder_when_launched_again(tmp
 def documented_form(command: str) -> str | None:
     """The launch form a command of the docs is, by how it starts; None for a command that launches no run."""
     starts = [("torchrun --nnodes", "torchrun --nnodes 2"), ("python -m torch.distributed.run",
-              "python -m torch.distributed.run"), ("torchrun --standalone", "torchrun --standalone"),
+              "torchrun"),  # torchrun's own module ("torchrun --standalone", "torchrun --standalone"),
               ("torchrun --rdzv", "torchrun --rdzv-id"), ("torchrun", "torchrun"),
               ("sbatch", "sbatch ... srun python train.py"), ("attnlab-train", "attnlab-train"),
               ("python -m attnlab.train", "python -m attnlab.train"), ("python train.py -m", None),
@@ -260,8 +258,8 @@ import torch.distributed.checkpoint as dcp
 
 from attnlab.cli.builders import load_task
 from attnlab.optim.param_groups import param_groups
-from attnlab.resume import read_run_metadata
-from attnlab.utils.sharded import by_name
+from attnlab.checkpoints.resume import read_run_metadata
+from attnlab.checkpoints.sharded import by_name
 
 src, out = sys.argv[1:]
 dist.init_process_group("gloo")

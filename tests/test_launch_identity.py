@@ -10,7 +10,7 @@ import json
 import pytest
 
 from attnlab.errors import UserError
-from attnlab.utils import launch
+from attnlab.cluster import launch
 
 
 def _step(monkeypatch, rank: int, restart: int = 0, nodes: str = "n[1-2]") -> launch.Launch:

@@ -223,11 +223,18 @@ def test_data_objective_against_the_model_is_a_user_error(tmp_path, small_data, 
 
 
 @pytest.mark.slow
-def test_eval_on_text_tokenized_with_another_vocabulary_is_refused(small_gpt, small_data, tmp_path, log_env):
+def test_eval_on_other_text_reads_it_with_the_checkpoints_vocabulary(small_gpt, small_data, tmp_path, log_env):
+    """Other text, whose own characters would make another vocabulary, is read with the checkpoint's tokenizer and
+    evaluated; a character that vocabulary lacks is named in one paragraph."""
     text = tmp_path / "other.txt"
-    text.write_text("all work and no play makes jack a dull boy\n" * 400)  # fewer characters: another char vocabulary
+    text.write_text("all work and no play makes jack a dull boy\n" * 400)  # fewer characters than Shakespeare's
     ckpt = small_gpt / "checkpoints" / "last.ckpt"
+    out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false",
+                  f"hydra.run.dir={tmp_path}/eval", env=log_env, data_dir=small_data)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/loss"] > 0
+    text.write_text("all work and no play makes jack a dull boy \u20ac\n" * 400)
     out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false", env=log_env,
                   data_dir=small_data)
-    assert out.returncode == 2, out.stdout[-2000:]
-    assert "another vocabulary than the model's" in out.stdout and "same corpus and data.tokenizer" in out.stdout
+    assert out.returncode == 2 and "characters the character tokenizer does not know: '\u20ac'" in out.stdout, \
+        out.stdout[-2000:]

@@ -13,6 +13,19 @@ from conftest import ROOT, DATA_DIR, real_data
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # the datasets under ATTNLAB_DATA_DIR each notebook reads (scikit-learn's digits need none)
 DATASETS = {"quickstart": [], "attention_maps": ["multi30k"], "generation": ["tinyshakespeare"]}
+# shorter training for the tests, set after a notebook's `parameters` cell as papermill sets them: every cell still
+# runs on real data, in less time than a reader gives it
+PARAMETERS = {"attention_maps": {"VIT_EPOCHS": 1, "MT_STEPS": 30}}
+
+
+def with_parameters(nb, values: dict):
+    """The notebook with a cell setting `values` after its `parameters` cell (papermill's injected parameters)."""
+    if not values:
+        return nb
+    (at,) = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    assert all(f"{name} = " in nb.cells[at].source for name in values), "set only what the parameters cell names"
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in values.items())))
+    return nb
 
 
 def test_the_notebooks_are_there():
@@ -37,7 +50,7 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
         real_data(name)
     monkeypatch.setenv("ATTNLAB_DATA_DIR", str(DATA_DIR))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the notebooks write their runs and caches
-    nb = nbformat.read(path, as_version=4)
+    nb = with_parameters(nbformat.read(path, as_version=4), PARAMETERS.get(path.stem, {}))
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     assert list(tmp_path.glob("attnlab-notebook-*/**/last.ckpt"))  # it trained, under the temporary folder
     assert not list(path.parent.glob("*/")), "a notebook wrote into the repository"

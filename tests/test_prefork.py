@@ -96,8 +96,7 @@ SERVER_OWN = "import json, os, random, runpy, signal, socket, sys, threading; pr
 
 
 def test_a_forked_run_and_a_new_process_end_with_the_same_modules_and_the_same_run_folder(tmp_path, small_data):
-    """The server imports what it preloads the way train.py does (attnlab.cli.app.import_run_stack): a run forked
-    from it and the same command as a new `python` process end with the same imported modules (but those the server
+    """A run forked from the server and the same command as a new `python` process end with the same imported modules (but those the server
     imports for its own work: sockets, runpy) and write the same files in their run folders."""
     args = ["trainer.max_steps=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
             "trainer.limit_test_batches=1", "data.num_workers=0"]

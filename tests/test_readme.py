@@ -314,8 +314,9 @@ class Runner:
             return self.subprocess([str(ROOT / program), *args, *budget], env_prefix)
         entry = ENTRY[Path(program).name if program.endswith(".py") else program]
         args = [self.materialize(a) for a in args]
-        if cmd.marked:
-            return self.compose(entry, [a for a in args if a != "-m"])
+        if cmd.marked:  # composes; a sweep's first job (key=a,b,c: key=a)
+            sweep = "-m" in args
+            return self.compose(entry, [_first_choice(a) if sweep else a for a in args if a != "-m"])
         if "# refused" in cmd.text:  # shown to be refused: one paragraph and exit code 2, before any budget matters
             return self.in_process(entry, args, refused=True)
         if any(a.startswith("-") for a in args):  # -m, --cfg, --config-dir: Hydra's own command line
@@ -472,6 +473,11 @@ def test_readme_cluster_block_runs(block, slurm_cluster, tmp_path, small_data, m
 @pytest.mark.parametrize("block", [b for b in BLOCKS if on_slurm(b)[1]], ids=lambda b: b.where)
 def test_readme_block_runs(block, tmp_path, small_data, monkeypatch):
     run_commands(on_slurm(block)[1], tmp_path, small_data, monkeypatch)
+
+
+def _first_choice(arg: str) -> str:
+    key, eq, value = arg.partition("=")
+    return f"{key}={value.split(',')[0]}" if eq and "," in value and not value.startswith(("[", "{")) else arg
 
 
 def run_commands(commands: list[Command], tmp_path: Path, small_data: Path, monkeypatch) -> None:

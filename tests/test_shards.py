@@ -58,7 +58,7 @@ class Ident:
 
 def _loader(shards: Path, batch_size=4, workers=0, seed=3, epoch=None, world=1, rank=0):
     from attnlab.data.shard_loader import train_loader
-    from attnlab.data.shards import read_meta
+    from attnlab.data.shard_format import read_meta
 
     size = read_meta(str(shards))["splits"]["train"]["samples"]
     return train_loader(str(shards / "train"), size, Ident(), batch_size=batch_size, num_workers=workers, seed=seed,

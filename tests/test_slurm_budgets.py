@@ -2,9 +2,9 @@
 SLURM made it (callbacks/signals.py).
 
 Without the cluster: a fake `scontrol` on PATH answers as SLURM would and notes what it was asked. On the two-node
-cluster (tools/slurm-cluster.sh): a two-node job of `launcher=slurm launcher.max_num_timeout=3` that loses a node four
-times, rank 0's (n1) and rank 1's (n2) in turn, each of them a second time, is requeued three times and fails at the
-fourth loss, once, saying that its budget is spent; the sweep driver reports it failed."""
+cluster (tools/slurm-cluster.sh): a two-node job of `launcher=slurm launcher.max_num_timeout=1` that loses rank 0's
+node (n1), then rank 1's (n2), is requeued once and fails at the second loss, once, saying that its budget is spent;
+the sweep driver reports it failed."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ import pytest
 
 from attnlab import lineage
 from attnlab.callbacks import peers, signals
-from attnlab.callbacks.peers import LOST, REQUEUED_LOST, RUNNING, TIME_LIMIT, Ledger, PeerWatch
+from attnlab.callbacks.peers import PeerWatch
+from attnlab.callbacks.run_metadata import ledger_of, requeue_budget
+from attnlab.cluster import slurm_job
+from attnlab.cluster.outcome import UNRECORDED_TEXT, Cause
+from attnlab.cluster.slurm_job import LOST, RUNNING, TIME_LIMIT, Ledger
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.callbacks.signals import SignalGuard
 from slurm_cluster import start_daemon
@@ -86,7 +90,7 @@ def _lose_a_peer(run_dir: Path, rank: int, launcher: dict | None, monkeypatch) -
         ended.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(signals, "end_at_once", end)
+    monkeypatch.setattr("attnlab.cluster.exit.end_at_once", end)
     trainer = _trainer(run_dir, rank, launcher)
     error = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [n1]:1234")
     try:
@@ -111,9 +115,9 @@ def test_the_lost_peer_budget_holds_on_every_rank_whichever_rank_was_lost(tmp_pa
     calls = slurm.read_text().splitlines()
     assert calls.count("requeue 77") == 2 and calls[-1] == "update JobId=77 Requeue=0", calls
     assert calls.count("update JobId=77 Requeue=0") == 1, calls
-    notes = sorted(p.name for p in (tmp_path / peers.LEDGER).iterdir())  # the third: the loss that failed it
+    notes = sorted(p.name for p in (tmp_path / slurm_job.LEDGER).iterdir())  # the third: the loss that failed it
     assert notes == ["77.0.json", "77.1.json", "77.2.json"], notes
-    assert {json.loads((tmp_path / peers.LEDGER / n).read_text())["cause"] for n in notes} == {LOST}
+    assert {json.loads((tmp_path / slurm_job.LEDGER / n).read_text())["cause"] for n in notes} == {LOST}
     record = lineage.read(tmp_path)
     assert [r["status"] for r in record["earlier"]] == ["requeued: a peer was lost"] * 2, record["earlier"]
     assert record["status"] == "failed: a peer was lost, not requeued", record
@@ -136,20 +140,20 @@ def test_every_rank_computes_the_same_spent_from_the_ledger(tmp_path, slurm, mon
     Ledger(tmp_path).note(LOST)  # another job in the same folder (a rerun)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    Ledger(tmp_path).note("preempted")
-    assert Ledger(tmp_path).spent(LOST) == 1 and Ledger(tmp_path).spent("preempted") == 0  # its own: not before it
+    Ledger(tmp_path).note(Cause.PREEMPTED)
+    assert Ledger(tmp_path).spent(LOST) == 1 and Ledger(tmp_path).spent(Cause.PREEMPTED) == 0  # its own: not before it
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     Ledger(tmp_path).note(TIME_LIMIT)
-    assert (Ledger(tmp_path).spent(LOST), Ledger(tmp_path).spent("preempted"), Ledger(tmp_path).spent(TIME_LIMIT)) \
+    assert (Ledger(tmp_path).spent(LOST), Ledger(tmp_path).spent(Cause.PREEMPTED), Ledger(tmp_path).spent(TIME_LIMIT)) \
         == (1, 1, 0)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     for rank in (0, 1):  # what each rank's PeerWatch reads
         trainer = _trainer(tmp_path, rank, {"max_num_timeout": 2})
-        assert Ledger.of(trainer).spent(LOST) == 1 and Ledger.of(trainer).spent(TIME_LIMIT) == 1
-        assert peers.max_requeues(trainer) == (2, "launcher.max_num_timeout=2")
-    assert peers.max_requeues(_trainer(tmp_path, 1))[0] == peers.DEFAULT_MAX_REQUEUES  # a batch script of one's own
-    (tmp_path / peers.LEDGER / "77.1.json").write_text("{half")  # unreadable: not counted, not an error
-    assert Ledger(tmp_path).spent("preempted") == 0
+        assert ledger_of(trainer).spent(LOST) == 1 and ledger_of(trainer).spent(TIME_LIMIT) == 1
+        assert requeue_budget(trainer) == (2, "launcher.max_num_timeout=2")
+    assert requeue_budget(_trainer(tmp_path, 1))[0] == slurm_job.DEFAULT_MAX_REQUEUES  # a batch script of one's own
+    (tmp_path / slurm_job.LEDGER / "77.1.json").write_text("{half")  # unreadable: not counted, not an error
+    assert Ledger(tmp_path).spent(Cause.PREEMPTED) == 0
 
 
 def test_an_attempt_that_ended_without_a_word_counts_as_a_lost_peer(tmp_path, slurm, monkeypatch):
@@ -173,7 +177,7 @@ def test_an_attempt_that_ended_without_a_word_counts_as_a_lost_peer(tmp_path, sl
     watch.on_exception(trainer, None, RuntimeError("gloo: Connection closed by peer"))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     causes = [r["cause"] for r in Ledger(tmp_path).earlier()]
-    assert causes == [peers.RUNNING, "stopped", "failed: rank 1 failed"], causes
+    assert causes == [RUNNING, "SIGTERM", "a rank failed"], causes
     assert Ledger(tmp_path).spent(LOST) == 1
 
 
@@ -194,7 +198,7 @@ def test_an_attempt_slurm_starts_past_the_budget_fails_before_training(tmp_path,
         ended.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(signals, "end_at_once", end)
+    monkeypatch.setattr("attnlab.cluster.exit.end_at_once", end)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     with pytest.raises(SystemExit):
         PeerWatch().setup(_trainer(tmp_path, rank, launcher), None, "fit")
@@ -254,7 +258,7 @@ def test_a_preemption_that_slurm_does_not_requeue_is_recorded_as_stopped(tmp_pat
     record = _warned(tmp_path)
     assert record["status"] == "stopped: preempted, not requeued" and record["signal"] == "SIGTERM", record
     assert why in record["not_requeued"] and "presently disabled" in record["not_requeued"], record
-    assert not (tmp_path / peers.LEDGER).exists() or not list((tmp_path / peers.LEDGER).iterdir())
+    assert not (tmp_path / slurm_job.LEDGER).exists() or not list((tmp_path / slurm_job.LEDGER).iterdir())
     err = capfd.readouterr().err
     assert "attnlab: SIGTERM (preempted): " in err and "The job is not requeued: " in err, err
 
@@ -323,7 +327,7 @@ def test_under_launcher_slurm_attnlab_tells_a_time_limit_and_counts_it_in_the_le
     record = _warned(tmp_path, signal.SIGUSR1, False, launcher, again)
     assert record["status"] == "stopped: time limit, not requeued" and not again.asked, record
     assert "launcher.max_num_timeout times already (1 requeues for a time limit" in record["not_requeued"], record
-    causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / peers.LEDGER).iterdir())]
+    causes = [json.loads(p.read_text())["cause"] for p in sorted((tmp_path / slurm_job.LEDGER).iterdir())]
     assert causes == ["preempted", "preempted", TIME_LIMIT], causes
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "4")  # submitit requeued on its own before training: counted too
@@ -376,8 +380,8 @@ def _until_both_ranks_train(sweep, note: Path, restart: int, timeout: float = 30
         time.sleep(0.5)
 
 
-LOSSES = ("n2", "n1", "n2")  # the node lost in each attempt: rank 1's, rank 0's, rank 1's again (its rank 0 records
-# the last attempt's failure: a rank 0 lost with its node records nothing)
+LOSSES = ("n1", "n2")  # the node lost in each attempt: rank 0's, then rank 1's (its rank 0 records the last attempt's
+# failure: a rank 0 lost with its node records nothing)
 
 
 def _survivor(node: str) -> int:
@@ -388,11 +392,11 @@ def _survivor(node: str) -> int:
 @pytest.mark.slow
 def test_a_two_node_job_losing_either_node_again_and_again_is_requeued_until_its_budget_then_fails_once(
         slurm_cluster, tmp_path):
-    """launcher.max_num_timeout=2, a node lost in each attempt (its slurmd and the job's processes on it killed, back
-    once the rank left has decided): rank 1's node n2, then rank 0's n1, where no rank 0 is left to record anything,
-    then n2 again. The job is requeued twice, losses of either node counted together; at the third loss it fails,
-    once, saying its budget is spent; it is not requeued again, and the sweep driver reports it failed at once (SLURM
-    will not requeue it: Requeue=0)."""
+    """launcher.max_num_timeout=1, a node lost in each attempt (its slurmd and the job's processes on it killed, back
+    once the rank left has decided): rank 0's node n1, where no rank 0 is left to record anything, then rank 1's n2.
+    The job is requeued once, losses of either node counted together; at the second loss it fails, once, saying its
+    budget is spent; it is not requeued again, and the sweep driver reports it failed at once (SLURM will not requeue
+    it: Requeue=0)."""
     from test_slurm_preemption import PACE, Sweep, paced
     from test_slurm_strict import TWO_NODES, _lose_node, until_decided
 
@@ -421,8 +425,8 @@ def test_a_two_node_job_losing_either_node_again_and_again_is_requeued_until_its
     # rank 0's node lost, the rank left may be ended with the step before it decides (srun, on n1, is gone too):
     # SLURM requeues the job itself on the node failure, the attempt ends unrecorded and counts all the same. Rank
     # 1's node lost, rank 0 always records the requeue, and the last loss (n2) the failure
-    silent = [s == lineage.UNRECORDED for s in statuses[:-1]]
-    assert set(statuses[:-1]) <= {REQUEUED_LOST, lineage.UNRECORDED}, statuses
+    silent = [s == UNRECORDED_TEXT for s in statuses[:-1]]
+    assert set(statuses[:-1]) <= {"requeued: a peer was lost", UNRECORDED_TEXT}, statuses
     assert not any(quiet and node == "n2" for quiet, node in zip(silent, LOSSES)), statuses
     assert statuses[-1] == "failed: a peer was lost, not requeued", (attempts, log[-3000:])
     assert len(attempts) == len(LOSSES), statuses
@@ -435,7 +439,7 @@ def test_a_two_node_job_losing_either_node_again_and_again_is_requeued_until_its
     assert all(n["cause"] == LOST and n["rank"] == _survivor(node) or n["cause"] == RUNNING and quiet
                for n, node, quiet in zip(notes, LOSSES, [*silent, False])), notes
     assert all(a.get("recorded_by_rank", 0) == _survivor(node) for a, node in zip(attempts, LOSSES)
-               if a["status"] != lineage.UNRECORDED), attempts
+               if a["status"] != UNRECORDED_TEXT), attempts
     said = [ln for ln in log.splitlines() if "The job fails and is not requeued: " in ln]
     assert len(said) == 1 and f"requeued for a lost peer or node {len(LOSSES) - 1} times already" in said[0], \
         log[-3000:]

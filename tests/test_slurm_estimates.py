@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from attnlab.cli.slurm import estimates as sizing
-from attnlab.utils.slurm_nodes import NodeKind, Partition
+from attnlab.cluster.nodes import NodeKind, Partition
 from attnlab.cli.slurm.fit import AUTO, Fit, Settings
-from attnlab.utils import job_costs as estimates
+from attnlab.cluster import costs as estimates
 
 KIND = NodeKind(2, 16, 64 * 1024, 4, "a100")
 CODE = '["1.0", "abc", null]'

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from attnlab.cli.slurm import fit_command_line, settings
-from attnlab.utils.slurm_nodes import Cluster, parse_gpus, parse_minutes, parse_sinfo
+from attnlab.cluster.nodes import Cluster, parse_gpus, parse_minutes, parse_sinfo
 from attnlab.cli.slurm.fit import default_lead, fit
 from attnlab.config import CONF_DIR
 from attnlab.errors import UserError

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import prefork
+from attnlab.cluster.outcome import FINISHED, UNRECORDED_TEXT
 from conftest import ROOT
 from slurm_cluster import slurm
 
@@ -386,10 +387,10 @@ def test_each_attempt_in_a_run_folder_has_a_numbered_record_saying_how_it_ended(
         record["started"] = started
         lineage.write(tmp_path, record)  # as training starts; the first attempt is killed before it ends
         records.append(record)
-    records[1] |= {"status": "finished", "ended": "2026-11-28T10:02:00+00:00"}
+    records[1] |= {**FINISHED.record(), "ended": "2026-11-28T10:02:00+00:00"}
     lineage.write(tmp_path, records[1])  # as it ends
     written = lineage.read(tmp_path)
     (killed,) = written["earlier"]
-    assert (killed["attempt"], killed["slurm"]["restart_count"], killed["status"]) == (1, 0, lineage.UNRECORDED)
+    assert (killed["attempt"], killed["slurm"]["restart_count"], killed["status"]) == (1, 0, UNRECORDED_TEXT)
     assert (written["attempt"], written["slurm"], written["status"]) == (
         2, {"job_id": "41", "restart_count": 1, "nodes": "n1", "partition": None}, "finished")

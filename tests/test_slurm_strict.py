@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.lineage import UNRECORDED
+from attnlab.cluster.outcome import UNRECORDED_TEXT as UNRECORDED
 import prefork
 from conftest import ROOT
 from slurm_cluster import slurm, start_daemon

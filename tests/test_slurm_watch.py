@@ -12,7 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from attnlab.cluster.outcome import RUNNING, AttemptEnd, Cause, Outcome
 from hydra_plugins.attnlab_slurm_launcher import slurm_launcher as sl
+
+LOST_REQUEUED = AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST)
 
 
 class FakeJob:
@@ -153,8 +156,8 @@ def test_a_job_requeued_between_two_polls_is_said_requeued_once_with_the_cause_i
     has begun, the ended one under `earlier`)."""
     run_dir = tmp_path / "0"
     run_dir.mkdir()
-    (run_dir / "lineage.json").write_text(json.dumps({"status": "running", "earlier": [
-        {"status": "requeued: a peer was lost", "error": "Connection reset by peer", "global_step": 15}]}))
+    (run_dir / "lineage.json").write_text(json.dumps({**RUNNING.record(), "earlier": [
+        {**LOST_REQUEUED.record(), "error": "Connection reset by peer", "global_step": 15}]}))
     (job,) = [sl.Watched(FakeJob("31", tmp_path), 0, ["seed=0"], set(), run_dir)]
 
     def on_poll(n):
@@ -175,7 +178,7 @@ def test_an_attempt_that_ended_without_a_word_is_not_given_the_cause_of_the_one_
     running), SLURM requeuing the job itself: the second requeue is said without a cause, not with attempt 0's."""
     run_dir = tmp_path / "0"
     run_dir.mkdir()
-    first = {"status": "requeued: a peer was lost", "error": "Connection reset by peer", "global_step": 15,
+    first = {**LOST_REQUEUED.record(), "error": "Connection reset by peer", "global_step": 15,
              "slurm": {"restart_count": 0}}
     (run_dir / "lineage.json").write_text(json.dumps(first))
     (job,) = [sl.Watched(FakeJob("32", tmp_path), 0, ["seed=0"], set(), run_dir)]
@@ -183,7 +186,7 @@ def test_an_attempt_that_ended_without_a_word_is_not_given_the_cause_of_the_one_
     def on_poll(n):
         if n == 3:  # attempt 1 trains
             (run_dir / "lineage.json").write_text(json.dumps(
-                {"status": "running", "slurm": {"restart_count": 1}, "earlier": [first]}))
+                {**RUNNING.record(), "slurm": {"restart_count": 1}, "earlier": [first]}))
         if n == 6:
             finish(job.job)
 

@@ -143,9 +143,12 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
         _place(state[place], value, path, key)
     elif place == "optimizer_states":
         _place(state["optimizer_states"][0], value, path, key)
-    elif kind == "outside_path":
+    elif kind == "outside_path":  # a checkpoint callback's state forged whole: each path of it outside the run
         holders = [v for v in state["callbacks"].values() if isinstance(v, dict) and "last_model_path" in v]
-        _place(holders[path[0] % len(holders)] if path else holders[0], value, [], key, drop)
+        holder = holders[path[0] % len(holders)] if path else holders[0]
+        for k in dict.fromkeys(KIND_KEYS[kind]):
+            _place(holder, value if k == key else _hostile_value(kind, name, marker, victims, data), [], k, drop)
+        holder["best_k_models"] = {_hostile_value(kind, name, marker, victims, data): torch.tensor(-1.0)}
     else:
         _place(state[place], value, path, key, drop)
     if place == "dcp_bytes":
@@ -171,6 +174,8 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     assert not marker.exists(), note
     assert hostile.victim_state(out) == before, note
     assert "Traceback" not in result["output"] and result["code"] in (0, 2), note
+    if kind == "outside_path" and result["code"] == 0:  # the paths are dropped as the state is restored, and said
+        assert "outside this run's checkpoint folder" in result["output"] and "dropped" in result["output"], note
     if result["code"] == 2:
         assert "\n" not in result["output"].split("attnlab: error: ", 1)[-1].strip(), note
     assert SECRET not in result["output"] and PLAIN not in result["output"], note

@@ -136,13 +136,21 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("patch_size_for"):
         OmegaConf.register_new_resolver("patch_size_for", patch_size_for)
     if not OmegaConf.has_resolver("claim_dir"):  # a run directory of its own, even for runs started in one second;
-        from attnlab.utils import launch  # one for all the ranks of a torchrun or srun launch
+        from attnlab.cluster import launch  # one for all the ranks of a torchrun or srun launch
 
         OmegaConf.register_new_resolver("claim_dir", launch.claim_run_folder)
         OmegaConf.register_new_resolver("rank_zero_only", launch.rank_zero_only)  # .hydra/ from rank 0 alone
         OmegaConf.register_new_resolver("rank_suffix", launch.rank_suffix)  # train_rank1.log, ...
+    if not OmegaConf.has_resolver("glue_monitor"):  # the metric GLUE ranks a task by
+        OmegaConf.register_new_resolver("glue_monitor", _glue_monitor)
     if not OmegaConf.has_resolver("cwd"):  # unlike ${hydra:runtime.cwd}, also resolvable for a sweep's directory
         OmegaConf.register_new_resolver("cwd", os.getcwd)
+
+
+def _glue_monitor(task: str) -> str:
+    from attnlab.glue_tasks import monitor_of
+
+    return monitor_of(str(task))
 
 
 def _group_options(group: str) -> dict[str, dict]:

@@ -4,7 +4,7 @@ main libraries' versions), the machine (GPUs and driver, or CPU model and thread
 Written as `lineage.json` in the run folder when training starts and again when it ends (the uncommitted changes
 as `lineage.diff` beside it), and stored in every checkpoint. A run started again in its folder (a requeued SLURM job,
 the same command again) keeps the earlier records under `earlier`: one record per attempt, numbered (`attempt`), each
-with how it ended (`status`: finished, stopped, requeued: time limit, requeued: preempted, ...) and, in a SLURM job,
+with how it ended (`outcome` and `cause`: cluster/outcome.py; `status`, the line a person reads) and, in a SLURM job,
 the job and how many times SLURM has restarted it (`slurm.restart_count`). A training run's record adds the trainer
 as it ran (`trainer`) and what its plan decided on this machine (`decided`: `{key: {asked, decided, why, on}}`,
 callbacks/run_metadata.py), which `--rerun` compares with what it decides (cli/rerun.py).
@@ -24,12 +24,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from attnlab.cluster.outcome import RUNNING, AttemptEnd, Outcome
+from attnlab.utils.paths import is_under
+
 # the libraries whose versions change results
 PACKAGES = ("torch", "lightning", "hydra-core", "omegaconf", "timm", "torchmetrics", "torchvision", "transformers",
             "tokenizers", "datasets", "numpy", "optuna", "wandb", "segmentation-models-pytorch", "sacrebleu")
 FILE, DIFF = "lineage.json", "lineage.diff"
-# the status of an earlier attempt that ended without saying how (SIGKILL, its node lost, out of memory)
-UNRECORDED = "ended unrecorded: killed (SIGKILL, out of memory) or its node lost"
 _MAX_DIFF = 5 * 2**20  # a diff larger than this is cut (a generated file checked in by mistake)
 
 
@@ -55,7 +56,7 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
         "os": platform.platform(),
         "started": now(),
         "ended": None,
-        "status": "running",
+        **RUNNING.record(),
     }
     slurm = _slurm()
     if slurm:  # a SLURM job: which one, and which of its attempts
@@ -64,7 +65,7 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
         if os.environ.get(env):  # a job of a multirun: the sweep's own command; a rerun: the run it trains again
             record[key] = os.environ[env]
     source = Path(attnlab.__file__).resolve().parents[2]
-    if git is None or not _is_under(source, Path(git["root"])):  # attnlab's own checkout, when it is one
+    if git is None or not is_under(source, Path(git["root"])):  # attnlab's own checkout, when it is one
         record["attnlab_git"], _ = _git(source, with_diff=False)
     return record, diff
 
@@ -80,8 +81,9 @@ def write(run_dir: str | os.PathLike, record: dict[str, Any], diff: str = "") ->
         try:
             old = json.loads(path.read_text())
             if old.get("started") != record.get("started"):
-                if old.get("status") == "running":  # it never recorded its end
-                    old["status"] = UNRECORDED
+                end = AttemptEnd.of(old)
+                if end is not None and end.outcome is Outcome.RUNNING:  # it never recorded its end
+                    old |= AttemptEnd(Outcome.UNRECORDED).record()
                 earlier = [*old.pop("earlier", []), old]
         except (ValueError, OSError, AttributeError):
             pass
@@ -207,13 +209,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _is_under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
-
 
 def flatten(record: dict[str, Any] | None) -> dict[str, Any]:
     """Dotted keys of a lineage record, for comparing two runs (times and earlier records left out)."""
@@ -241,6 +236,6 @@ def code_record(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
     git, _ = _git(cwd, with_diff=False)
     record: dict[str, Any] = {"attnlab": attnlab.__version__, "git": git}
     source = Path(attnlab.__file__).resolve().parents[2]
-    if git is None or not _is_under(source, Path(git["root"])):
+    if git is None or not is_under(source, Path(git["root"])):
         record["attnlab_git"], _ = _git(source, with_diff=False)
     return record

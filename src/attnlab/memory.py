@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.nn.parameter import is_lazy
-from torch.utils._pytree import tree_leaves
 
+from attnlab.compat import tree_leaves
 from attnlab.errors import UserError
-from attnlab.utils.traced_step import activation_bytes, materialize
+from attnlab.traced_step import activation_bytes, materialize
 
 log = logging.getLogger("attnlab")
 

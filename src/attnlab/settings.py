@@ -101,7 +101,7 @@ class RunSettings:
     preflight_steps: PositiveInt = 10
     split: Literal["test", "val"] = "test"
     decode: DecodeSettings | None = None
-    trust_checkpoint: bool = False  # attnlab.trust
+    trust_checkpoint: bool = False  # attnlab.checkpoints.trust
 
     @classmethod
     def of(cls, cfg: Any) -> RunSettings:

@@ -137,10 +137,9 @@ def checkpoint_activations(model: nn.Module) -> int:
     (torch's checkpoint wrapper around every module of its block classes), for the strategies that do not
     checkpoint themselves (DDP, one device). The state dict keeps its names. -> the number of blocks wrapped: 0
     where the network declares none (logged) or its blocks are wrapped already."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointWrapper,
-        apply_activation_checkpointing,
-    )
+    from attnlab.compat import activation_checkpointing
+
+    CheckpointWrapper, apply_activation_checkpointing = activation_checkpointing()
 
     if any(isinstance(m, CheckpointWrapper) for m in model.modules()):
         return 0

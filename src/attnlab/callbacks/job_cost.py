@@ -1,5 +1,5 @@
 """What a SLURM job of a run measured on its partition's nodes, kept for the next jobs of the same key
-(`launcher.timeout_min=auto`, `launcher.mem_gb=auto`: attnlab.utils.job_costs)."""
+(`launcher.timeout_min=auto`, `launcher.mem_gb=auto`: attnlab.cluster.costs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
+
+from attnlab.cluster.outcome import AttemptEnd, Cause, Outcome
 
 MIN_STEPS = 5  # fewer steps than this measure the start more than the steps
 
@@ -27,7 +29,7 @@ class JobCost(Callback):
         self.ran_out = False  # this attempt's time limit came: recorded as such
 
     def on_train_start(self, trainer, pl_module) -> None:
-        from attnlab.utils.job_costs import process_age_s
+        from attnlab.cluster.costs import process_age_s
 
         self.startup_s, self.started, self.first_step = process_age_s(), time.monotonic(), trainer.global_step
         self.where = where_recorded(trainer) if trainer.is_global_zero else None
@@ -43,7 +45,7 @@ class JobCost(Callback):
             out_of_time(trainer)
 
     def record(self, trainer, step_s: float, ran_out: bool = False) -> None:
-        from attnlab.utils import job_costs as estimates
+        from attnlab.cluster import costs as estimates
 
         batches = trainer.num_training_batches
         steps = trainer.global_step - self.first_step
@@ -68,7 +70,7 @@ def out_of_time(trainer) -> None:
     is its whole time (the process's age: start-up, steps, validation, checkpoints) over the steps it did, recorded in
     place of the estimate that proved too short (a later attempt of the same job does not lower it: job_costs.record).
     Rank 0 records, once per attempt; elsewhere, or outside a SLURM job, it does nothing."""
-    from attnlab.utils.job_costs import process_age_s
+    from attnlab.cluster.costs import process_age_s
 
     cost = JobCost.of(trainer)
     if cost is None or cost.where is None or cost.ran_out:
@@ -90,15 +92,17 @@ def ran_out_of_time(trainer, exception: BaseException) -> bool:
     if not isinstance(exception, SIGTERMException):
         return False
     metadata = RunMetadata.of(trainer)
-    status = str(((getattr(metadata, "lineage", None) or {}).get("status")) or "")
-    if "time limit" in status:
+    ended = AttemptEnd.of(getattr(metadata, "lineage", None))
+    if ended is None:
+        return False
+    if ended.cause is Cause.TIME_LIMIT:
         return True
-    if "SLURM's warning" in status:
-        from attnlab.callbacks.signals import being_preempted
+    if ended.cause is Cause.SLURM_WARNING:
+        from attnlab.cluster.slurm_job import being_preempted
 
         return not being_preempted()
     end = os.environ.get("SLURM_JOB_END_TIME", "")
-    return status.startswith("stopped") and end.isdigit() and time.time() >= int(end) - 60
+    return ended.outcome is Outcome.STOPPED and end.isdigit() and time.time() >= int(end) - 60
 
 
 def where_recorded(trainer) -> tuple[str, str, str] | None:
@@ -106,7 +110,7 @@ def where_recorded(trainer) -> tuple[str, str, str] | None:
     run, or where the key cannot be computed (no `.hydra/config.yaml`, `sinfo` does not know the node)."""
     from attnlab import lineage
     from attnlab.callbacks.run_metadata import RunMetadata
-    from attnlab.utils import job_costs as estimates
+    from attnlab.cluster import costs as estimates
 
     partition, job = os.environ.get("SLURM_JOB_PARTITION"), os.environ.get("SLURM_JOB_ID")
     metadata = RunMetadata.of(trainer)

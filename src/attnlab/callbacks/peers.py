@@ -1,31 +1,10 @@
-"""A rank of a multi-rank run that is lost (its node died, its process was killed), told apart from a bug in the run;
-and the job's ledger of requeues, which holds the budgets of requeues on every rank.
+"""The Lightning callback that tells a lost rank of a multi-rank run from a failed one: `PeerWatch`.
 
-When one rank of a run of several goes away, the others learn it from their next collective: gloo's "Connection
-reset by peer" or "Connection closed by peer", NCCL's aborted communicator, torch's DistNetworkError. The same error
-reaches them when that rank stopped on an exception of its own (a bug, a bad batch), so each rank that fails on
-anything else leaves a note in the run folder (`.ranks/`) first, and a surviving rank waits a few seconds for one:
-
-- a note from a peer: the run failed there; this rank says so in one line (which rank, its error) and fails too,
-  its lineage naming the peer's error. Nothing is requeued: a bug comes back on every attempt.
-- no note: the peer was lost. In a SLURM job, the job is requeued (`scontrol requeue`: it waits for its nodes, then
-  continues from `last.ckpt` in its own folder), at most `launcher.max_num_timeout` times (3 for a job of one's
-  own batch script); the attempt ends with status 143 and its lineage says `requeued: a peer was lost`. Elsewhere
-  (torchrun, a local launch) the error stands, after one line naming the checkpoint to resume from.
-
-The ledger (`Ledger`): each attempt of a multi-rank SLURM job has one small file in the run folder,
-`.requeues/<job>.<restart count>.json` (the SLURM job's id and SLURM_RESTART_COUNT, the same on every rank of an
-attempt). Rank 0 writes it, `running`, as training begins; it is rewritten, whole, with how the attempt ends, before
-any requeue is asked for, by the rank that knows: rank 0 on SLURM's warning or a SIGTERM (callbacks/signals.py), every
-surviving rank as soon as its collective breaks (rank 0's node may be the one lost; a failed peer's note then replaces
-it). A rank that must decide counts the files of its job from earlier attempts (restart counts below its own) by their
-cause: the same files and the same count on every rank, whichever rank was lost. A file still `running` is an attempt
-that ended without a word (killed outright, its node lost) and that SLURM requeued itself, as on a node failure: it
-counts as a lost peer. The budgets are per cause: a lost peer and a time limit each at most `launcher.max_num_timeout`
-times; a preemption, or a warning in a batch script of one's own, is recorded but not counted. Once the lost-peer
-budget is spent, the next loss makes the job non-requeueable at once (`scontrol update Requeue=0`, before the wait for
-a peer's note), so that SLURM itself does not requeue it on a node failure either: the job fails once, saying why,
-with status 1, and is not run again.
+A rank that fails on an error of its own leaves a note in the run folder (`.ranks/`) first; a rank whose collective
+breaks (gloo's connection reset, NCCL's aborted communicator, torch's DistNetworkError) waits a few seconds for one.
+A note: the peer failed, and this rank fails with it. None: the peer was lost, and attnlab.cluster.rules decides
+whether the job is requeued (its ledger's budget), or fails once and for all. What happens in each case: the
+attnlab.cluster package docstring.
 """
 
 from __future__ import annotations
@@ -37,9 +16,10 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from attnlab.callbacks.requeues import (  # noqa: F401  (the names tests and callers import from here)
-    DEFAULT_MAX_REQUEUES, LEDGER, LOST, REQUEUED_LOST, RUNNING, TIME_LIMIT, Ledger, forbid_requeue, in_slurm_job,
-    job_fields, max_requeues, scontrol_requeue, seconds_left, slurm_fields, slurm_job_id, slurm_requeues, this_attempt)
+from attnlab.callbacks.run_metadata import ledger_of, requeue_budget
+from attnlab.cluster.outcome import AttemptEnd, Cause
+from attnlab.cluster.rules import Decision, Event, JobState, decide
+from attnlab.cluster.slurm_job import LOST, RUNNING, forbid_requeue, in_slurm_job
 from attnlab.utils import atomic, env
 
 # what torch's backends say when the other end of a collective went away
@@ -83,20 +63,21 @@ class PeerWatch(Callback):
         if stage == "fit" and in_slurm_job():
             self.refuse_past_budget(trainer)
         if stage == "fit" and trainer.world_size > 1 and trainer.is_global_zero:
-            Ledger.of(trainer).note(RUNNING)  # the attempt began: a later one counts it if it ends without a word
+            ledger_of(trainer).note(RUNNING)  # the attempt began: a later one counts it if it ends without a word
 
     def refuse_past_budget(self, trainer) -> None:
         """An attempt that SLURM itself started past the lost-peer budget (a node failure whose surviving ranks were
         ended before they could decide, so no rank made the job non-requeueable) does not train: the job fails here
         on every rank alike (the same ledger), is made non-requeueable, and rank 0 says why, once."""
-        spent, (budget, named) = Ledger.of(trainer).spent(LOST), max_requeues(trainer)
-        if spent <= budget:
+        spent, (budget, named) = ledger_of(trainer).spent(LOST), requeue_budget(trainer)
+        decision = decide(Event.STARTED, JobState(in_slurm=True, spent=spent, budget=budget))
+        if decision.exit_code is None:
             return
         if trainer.global_rank != 0:  # every rank of this attempt is up: rank 0 records and says it
-            from attnlab.callbacks.signals import end_at_once
+            from attnlab.cluster.exit import end_at_once
 
             forbid_requeue()
-            end_at_once(1)
+            end_at_once(decision.exit_code)
             return
         why = (f"it was requeued for a lost peer or node {spent} times already, past the budget of this job ({named}), "
                "SLURM requeuing it itself after a node failure; check the nodes (sinfo -R), then run the same command "
@@ -107,12 +88,12 @@ class PeerWatch(Callback):
 
         last = SignalGuard.saved(trainer)
         kept = f"{last} holds the last step saved." if last and last.is_file() else "No checkpoint was saved yet."
-        self.fail(trainer, "in an earlier attempt of this job", why, kept, requeues_spent=spent)
+        self.fail(trainer, decision, "in an earlier attempt of this job", why, kept, requeues_spent=spent)
 
     @staticmethod
     def attempt() -> str:
         """What names this attempt of the launch, the same on every rank."""
-        from attnlab.utils.launch import current_launch
+        from attnlab.cluster.launch import current_launch
 
         launch = current_launch()
         return f"{launch.key}-{launch.attempt}" if launch and launch.key else "local"
@@ -130,8 +111,9 @@ class PeerWatch(Callback):
         self.note_loss(trainer)
         failed = self.peer_failure(trainer.global_rank)
         if failed is not None:
-            Ledger.of(trainer).note(f"failed: rank {failed['rank']} failed", rank=trainer.global_rank)
-            _record(trainer, f"failed: rank {failed['rank']} failed", peer_error=failed["error"])
+            ledger_of(trainer).note(Cause.RANK_FAILED, rank=trainer.global_rank, failed_rank=failed["rank"])
+            _record(trainer, decide(Event.PEER_FAILED, JobState(detail=f"rank {failed['rank']}")).end,
+                    peer_error=failed["error"])
             _say(f"rank {failed['rank']} of this run failed ({failed['error'].splitlines()[0][:200]}); rank "
                  f"{trainer.global_rank} stops with it (its own error, below, follows from that one). See rank "
                  f"{failed['rank']}'s log for the cause.")
@@ -144,9 +126,9 @@ class PeerWatch(Callback):
         follows, whether a peer was lost or failed)."""
 
 
-        ledger = Ledger.of(trainer)
+        ledger = ledger_of(trainer)
         ledger.note(LOST, rank=trainer.global_rank, global_step=trainer.global_step)
-        self.held = forbid_requeue() if in_slurm_job() and ledger.spent(LOST) >= max_requeues(trainer)[0] else None
+        self.held = forbid_requeue() if in_slurm_job() and ledger.spent(LOST) >= requeue_budget(trainer)[0] else None
 
     def peer_failure(self, rank: int) -> dict | None:
         """A note of another rank's own failure in this attempt, waited for a few seconds (it may still be
@@ -165,7 +147,8 @@ class PeerWatch(Callback):
             time.sleep(0.5)
 
     def on_lost(self, trainer, exception: BaseException) -> None:
-        from attnlab.callbacks.signals import STOPPED, SignalGuard, end_at_once
+        from attnlab.callbacks.signals import SignalGuard
+        from attnlab.cluster.exit import end_at_once
 
         what = str(exception).strip().splitlines()[0][:200] if str(exception).strip() else type(exception).__name__
         last = SignalGuard.saved(trainer)
@@ -175,42 +158,45 @@ class PeerWatch(Callback):
             _say(f"a peer rank of this run was lost ({what}): its process or its machine went away. {kept}; "
                  + (f"resume from it with ckpt_path={last}." if last and last.is_file() else "start it again."))
             return
-        ledger, (budget, named) = Ledger.of(trainer), max_requeues(trainer)
+        ledger, (budget, named) = ledger_of(trainer), requeue_budget(trainer)
         spent = ledger.spent(LOST)
-        if spent >= budget:  # the same loss every time (a bad node, a host's OOM killer): fail once, for good
+        decision = decide(Event.PEER_LOST, JobState(in_slurm=True, spent=spent, budget=budget))
+        if not decision.requeue:  # the same loss every time (a bad node, a host's OOM killer): fail once, for good
             why = (f"it was requeued for a lost peer or node {spent} times already, the budget of this job ({named}); "
                    "check the nodes (sinfo -R), then run the same command again")
             if not (self.held if self.held is not None else forbid_requeue()):
                 why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
-            self.fail(trainer, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}", requeues_spent=spent)
+            self.fail(trainer, decision, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}", requeues_spent=spent)
         # recorded before the requeue, for the sweep driver that sees it
-        _record(trainer, REQUEUED_LOST, error=what, requeues_spent=spent + 1)
+        _record(trainer, decision.end, error=what, requeues_spent=spent + 1)
         requeued, why = ledger.requeue(LOST, rank=trainer.global_rank, global_step=trainer.global_step, error=what)
         if requeued:
             _say(f"a peer rank was lost ({what}): its node or its process went away, not a fault of the run. {kept}; "
                  f"the job is requeued ({spent + 1} of {named} requeues for a lost peer), "
-                 f"and continues from it in this folder once its nodes are back. Exit status {STOPPED}.")
-            end_at_once(STOPPED)  # the process group is broken: nothing more to unwind
-        self.fail(trainer, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}")
+                 f"and continues from it in this folder once its nodes are back. Exit status {decision.exit_code}.")
+            end_at_once(decision.exit_code)  # the process group is broken: nothing more to unwind
+        refused = decide(Event.PEER_LOST, JobState(in_slurm=True, spent=budget, budget=budget))  # as past the budget
+        self.fail(trainer, refused, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}")
 
     @staticmethod
-    def fail(trainer, what: str, why: str, kept: str, **fields) -> None:
-        """The job fails here, not requeued: one line and the lineage say why, and the process ends with status 1
-        (the process group is broken: nothing more to unwind)."""
-        from attnlab.callbacks.signals import end_at_once
+    def fail(trainer, decision: Decision, what: str, why: str, kept: str, **fields) -> None:
+        """The job fails here, not requeued: one line and the lineage say why, and the process ends with the
+        decision's status (the process group is broken: nothing more to unwind)."""
+        from attnlab.cluster.exit import end_at_once
 
-        _record(trainer, f"failed: {LOST}, not requeued", error=what, not_requeued=why, **fields)
-        _say(f"a peer rank was lost ({what}). The job fails and is not requeued: {why}. {kept} Exit status 1.")
-        end_at_once(1)
+        _record(trainer, decision.end, error=what, not_requeued=why, **fields)
+        _say(f"a peer rank was lost ({what}). The job fails and is not requeued: {why}. {kept} Exit status "
+             f"{decision.exit_code}.")
+        end_at_once(decision.exit_code)
 
 
-def _record(trainer, status: str, **fields) -> None:
+def _record(trainer, end: AttemptEnd, **fields) -> None:
     """How this attempt ended, in the run's lineage: by this rank whichever it is (rank 0 may be the one lost)."""
     from attnlab.callbacks.run_metadata import RunMetadata
 
     metadata = RunMetadata.of(trainer)
     if metadata is not None:
-        metadata.finish(trainer, status, any_rank=True, **fields)
+        metadata.finish(trainer, end, any_rank=True, **fields)
 
 
 def _say(line: str) -> None:

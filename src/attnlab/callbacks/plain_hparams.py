@@ -7,8 +7,8 @@ checkpoint, they would take a full unpickling to load, which can run any code. T
 the config node that built it instead (`model.net` with its `_target_`; the `optimizer` and `scheduler` nodes as
 partials), lists them under `hparams_from_config`, and turns OmegaConf containers into plain dicts and lists;
 `rebuild_hparams` builds them again when attnlab loads the checkpoint (cli/builders.load_task), after checking what
-they name (attnlab.trust). A hyperparameter object that no config node built stays pickled: its checkpoints then load
-only with `trust_checkpoint=true` (one warning says so when the first checkpoint is saved).
+they name (checkpoints/trust.py). A hyperparameter object that no config node built stays pickled: its checkpoints
+then load only with `trust_checkpoint=true` (one warning says so when the first checkpoint is saved).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def rebuild_hparams(checkpoint: dict[str, Any], instantiate: Callable[..., Any])
     for key in checkpoint.get(KEY) or []:
         node = hparams.get(key)
         if isinstance(node, dict) and "_target_" in node:
-            from attnlab import trust
+            from attnlab.checkpoints import trust
 
             trust.admit_node(node, f"hyper_parameters.{key}")
             hparams[key] = instantiate(node, _convert_="all")

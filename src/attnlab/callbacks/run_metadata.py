@@ -13,6 +13,8 @@ import torch
 
 import attnlab
 from attnlab import lineage
+from attnlab.cluster.outcome import FINISHED, RUNNING, AttemptEnd, Cause, Outcome
+from attnlab.cluster.slurm_job import Ledger, max_requeues
 
 
 def wandb_run_id(trainer: L.Trainer) -> str | None:
@@ -59,23 +61,23 @@ class RunMetadata(L.Callback):
     def of(trainer: L.Trainer) -> RunMetadata | None:
         return next((c for c in trainer.callbacks if isinstance(c, RunMetadata)), None)
 
-    def finish(self, trainer, status: str, any_rank: bool = False, **fields: Any) -> None:
-        """How this attempt of the run ended (`finished`, `stopped`, `requeued: time limit`, ...), in lineage.json:
+    def finish(self, trainer, end: AttemptEnd, any_rank: bool = False, **fields: Any) -> None:
+        """How this attempt of the run ended (cluster/outcome.py), in lineage.json:
         rank 0 writes it; with `any_rank` (a lost peer: rank 0 may be the rank lost) another rank writes it too,
         into the record rank 0 wrote of this attempt, unless rank 0 has recorded its end already."""
         if self.lineage is None or not self.run_dir():
             return
-        ended = {"ended": lineage.now(), "status": status, "global_step": trainer.global_step, **fields}
+        ended = {"ended": lineage.now(), **end.record(), "global_step": trainer.global_step, **fields}
         if trainer.is_global_zero:
             self.lineage |= ended
             lineage.write(self.run_dir(), self.lineage)
         elif any_rank:
             written = lineage.read(self.run_dir())
-            if written and written.get("slurm") == self.lineage.get("slurm") and written.get("status") == "running":
+            if written and written.get("slurm") == self.lineage.get("slurm") and AttemptEnd.of(written) == RUNNING:
                 lineage.write(self.run_dir(), written | ended | {"recorded_by_rank": trainer.global_rank})
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self.finish(trainer, "finished")
+        self.finish(trainer, FINISHED)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -84,11 +86,11 @@ class RunMetadata(L.Callback):
         if isinstance(exception, SIGTERMException) and guarded:
             return  # a signal's stop: the guard records how it ended (stopped, requeued, ...)
         if type(exception).__name__ == "TrialPruned":  # an Optuna sweep's pruner stopped it
-            self.finish(trainer, "pruned")
+            self.finish(trainer, AttemptEnd(Outcome.PRUNED))
         elif isinstance(exception, KeyboardInterrupt):
-            self.finish(trainer, "stopped: Ctrl-C")
+            self.finish(trainer, AttemptEnd(Outcome.STOPPED, Cause.CTRL_C))
         else:
-            self.finish(trainer, f"failed: {type(exception).__name__}")
+            self.finish(trainer, AttemptEnd(Outcome.FAILED, Cause.ERROR, type(exception).__name__))
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["attnlab"] = {
@@ -101,3 +103,14 @@ class RunMetadata(L.Callback):
             "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()
                         if isinstance(v, torch.Tensor) and v.numel() == 1},
         }
+
+
+def ledger_of(trainer: L.Trainer) -> Ledger:
+    """The ledger of this run folder's SLURM attempts (cluster/slurm_job.py)."""
+    metadata = RunMetadata.of(trainer)
+    return Ledger((metadata.run_dir() if metadata is not None else None) or trainer.default_root_dir)
+
+
+def requeue_budget(trainer: L.Trainer) -> tuple[int, str]:
+    """The budget of requeues of each counted cause, from the run's resolved launcher (cluster/slurm_job.py)."""
+    return max_requeues((getattr(RunMetadata.of(trainer), "lineage", None) or {}).get("launcher"))

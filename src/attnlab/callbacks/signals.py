@@ -1,104 +1,34 @@
-"""Signals during training, each acted on by one handler: this module's `SignalGuard`.
+"""The Lightning callback that acts on a job's signals during training: `SignalGuard`.
 
-SIGTERM (`kill`, `scancel`, the end of a time limit) and Ctrl-C: the first one saves `last.ckpt` at the end of the
-current step and stops (Lightning's stop, with ModelCheckpoint.on_exception); a second one, or the first when the
-current step has already run for `patience_s` seconds (a run too large for the machine, a hung collective), stops the
-process at once, naming the checkpoint that the last save left. A run stopped by SIGTERM ends with status 143
-(128 + SIGTERM), as a process killed by it would, so that a scheduler or pipeline does not record a preempted run as
-finished; its lineage says `stopped`.
-
-SLURM's warning before a time limit or a preemption (`--signal=USR1@<seconds>`, which `launcher=slurm` asks for):
-SIGUSR1, and in a submitit job submitit's own signal too ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default). The current
-step ends (on every rank of a multi-node job: they decide together, after the same step, or after the same
-validation batch when the warning comes during validation), `last.ckpt` is saved at it, then the job is requeued and
-continues from that file in its own folder. Rank 0 decides why SLURM warned, from what SLURM says of the job:
-- `preempted`: SLURM's SIGTERM while the job has a `PreemptTime` (scontrol show job), or its warning then;
-- under launcher=slurm, `time limit` when the warning came within `launcher.signal_delay_s` (and SLURM's minute of
-  slack) of the job's `EndTime`, else `preempted` (a warning sent by hand, or by a site's tools before a preemption);
-- in a batch script of the user's own (`srun python train.py ...`), whose lead is not known, `SLURM's warning`.
-Time limits are counted against `launcher.max_num_timeout` in the job's ledger of requeues (callbacks/peers.py), the
-record that holds the lost-peer budget too; preemptions and warnings in one's own script are not counted. Past the
-budget the job is not requeued: the run ends with status 143, its lineage and last line saying why.
-
-submitit's countdown does not decide: its `checkpoint_and_try_requeue` calls a warning a time limit once the job has
-run 80% of its limit or all but 10 minutes (a late preemption too), and counts in its job pickle. Rank 0 requeues
-through it (it writes its pickle, then runs `scontrol requeue`; `scontrol requeue` in one's own script), telling it
-attnlab's answer and the ledger's count, which its pickle keeps for a warning before the next attempt trains (its to
-handle: it requeues at once); such requeues of its own count as spent too (the larger count wins).
-
-A requeue that SLURM refuses is not recorded as one: `scontrol show job` decides. The job is requeued when SLURM has
-requeued it already, or is preempting it under `PreemptMode=REQUEUE` (the partition's, else the cluster's) and may
-(`Requeue=1`); otherwise (`--no-requeue`, `PreemptMode=CANCEL`) the lineage says `stopped: preempted, not requeued`
-with why. Each attempt ends with status 143 and a lineage record of how it ended; a requeued one adds its own.
-
-Lightning's own SLURM handler, which would save `hpc_ckpt_<n>.ckpt` and requeue too, is off: `slurm_environment()`
-gives the trainer Lightning's SLURM environment without it (builders.build_trainer). submitit's SIGTERM and SIGCONT
-handlers, which only log, are replaced during training, and so is Lightning's SIGTERM handler once the requeue is
-asked for (the requeue's SIGTERM then changes nothing). Before training starts, SLURM's warning is submitit's to
-handle where it is submitit's signal (it requeues at once: nothing is lost); once training has ended it is ignored
-(the test pass and the report need no requeue).
+It takes SIGTERM and SLURM's warning (SIGUSR1, and submitit's own signal under launcher=slurm), saves `last.ckpt`
+after the current step (every rank after the same step), tells a time limit from a preemption by what SLURM says of
+the job, and carries out what attnlab.cluster.rules decides: stop, stop at once, requeue or not, with which status.
+What happens in each case, and why: the attnlab.cluster package docstring. Lightning's own SLURM requeue handler is
+off (`slurm_job.slurm_environment`); submitit's SIGTERM and SIGCONT handlers are replaced during training, and so is
+Lightning's SIGTERM handler, which broadcasts to the ranks from inside the handler: a rank in another collective then
+waits forever. No collective runs in a signal handler here; ranks meet only after a step.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from attnlab.callbacks.requeues import in_slurm_job, slurm_job_id  # noqa: E402,F401  (where callers import them)
+from attnlab.cluster import submitit_bridge
+from attnlab.cluster.exit import STOPPED
+from attnlab.cluster.outcome import AttemptEnd, Cause, Outcome
+from attnlab.cluster.rules import Decision, Event, JobState, decide
+from attnlab.cluster.slurm_job import being_preempted, in_slurm_job
+from attnlab.cluster.submitit_bridge import submitit_handler, submitit_signals
 
-STOPPED = 128 + signal.SIGTERM  # the status of a run stopped by a signal: not finished
 # SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
 # job's lead and this much of its end time is its time limit's
 WARNING_SLACK_S = 90.0
 
-
-
-def slurm_environment():
-    """Lightning's SLURM environment (ranks, nodes, rendezvous) without its requeue handler, under SLURM; else None.
-    SignalGuard alone acts on SLURM's warning signal. Under torchrun inside a SLURM job (`srun ... torchrun ...` in
-    a batch script) torchrun's environment wins, as Lightning itself decides (TorchElasticEnvironment first)."""
-    from lightning.fabric.plugins.environments import TorchElasticEnvironment
-
-    if not in_slurm_job() or TorchElasticEnvironment.detect():
-        return None
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    return SLURMEnvironment(auto_requeue=False)
-
-
-
-def being_preempted(fields: dict[str, str] | None = None) -> bool:
-    """Whether SLURM is preempting this job now: the controller has given it a preemption time (`PreemptTime` of
-    `scontrol show job`), which a cancellation, a time limit or a plain kill does not. False when it cannot say."""
-    from attnlab.callbacks.requeues import job_fields
-
-    fields = job_fields() if fields is None else fields
-    return fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
-
-
-def submitit_handler():
-    """The signal handler submitit installed in this job (launcher=slurm), which requeues it; None elsewhere."""
-    if "submitit" not in sys.modules:
-        return None
-    for signum in (signal.SIGTERM, *submitit_signals()):
-        owner = getattr(signal.getsignal(signum), "__self__", None)
-        if type(owner).__module__.startswith("submitit.") and hasattr(owner, "checkpoint_and_try_requeue"):
-            return owner
-    return None
-
-
-def submitit_signals() -> tuple[signal.Signals, ...]:
-    """The signal submitit requeues on in this process ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default)."""
-    from submitit import JobEnvironment
-
-    found = getattr(signal, "SIG" + str(JobEnvironment.USR_SIG), None)
-    return (found,) if found is not None else ()
 
 
 class SignalGuard(Callback):
@@ -111,6 +41,7 @@ class SignalGuard(Callback):
         self.listening = False  # to SLURM's warning
         self.preempted = False  # SLURM's SIGTERM of a preemption: SLURM requeues the job itself (PreemptMode=REQUEUE)
         self.step_started: float | None = None
+        self.owns_sigterm = False
         self._trainer = None
         self._submitit = None
 
@@ -124,7 +55,8 @@ class SignalGuard(Callback):
         if stage != "fit":
             return
         self._submitit = submitit_handler()
-        if hasattr(signal, "SIGTERM") and _replaceable(signal.getsignal(signal.SIGTERM)):
+        self.owns_sigterm = hasattr(signal, "SIGTERM") and _replaceable(signal.getsignal(signal.SIGTERM))
+        if self.owns_sigterm:
             signal.signal(signal.SIGTERM, self.on_sigterm)
         if self._submitit is not None and _replaceable(signal.getsignal(signal.SIGCONT)):
             signal.signal(signal.SIGCONT, signal.SIG_DFL)  # submitit's only logs the SIGCONT that precedes a SIGTERM
@@ -133,6 +65,17 @@ class SignalGuard(Callback):
             for signum in warning_signals - {signal.SIGTERM}:
                 signal.signal(signum, self.on_warning)
             self.listening = True
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self.take_sigterm()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.take_sigterm()
+
+    def take_sigterm(self) -> None:
+        """SIGTERM to this guard alone, once Lightning has put its handler around it (as `fit` begins its loops)."""
+        if self.owns_sigterm and not self.ending and signal.getsignal(signal.SIGTERM) != self.on_sigterm:
+            signal.signal(signal.SIGTERM, self.on_sigterm)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step_started = time.monotonic()
@@ -151,14 +94,21 @@ class SignalGuard(Callback):
             self.decide_together(trainer)
 
     def decide_together(self, trainer) -> None:
-        """In a run of several ranks, stop on SLURM's warning when any rank has it: all of them, after the same
-        batch (a collective, so each rank reaches it at the same point)."""
-        if self.listening and trainer.world_size > 1 and not self.ending:
-            if trainer.strategy.reduce_boolean_decision(self.warned is not None, all=False):
-                from attnlab.compat import stop_after_this_step
+        """In a run of several ranks, a signal that any rank has (SIGTERM, SLURM's warning) stops all of them after
+        the same batch: a collective here, where every rank is at the same point, never in a signal handler."""
+        if trainer.world_size == 1 or self.ending:
+            return
+        import torch
 
-                self.warned, self.warned_at = self.warned or signal.SIGUSR1, self.warned_at or time.time()
-                stop_after_this_step(trainer)
+        from attnlab.compat import stop_after_this_step
+
+        flags = torch.tensor([float(self.warned is not None), float(self.received > 0)],
+                             device=trainer.strategy.root_device)
+        warned, stopped = (trainer.strategy.reduce(flags, reduce_op="sum") > 0).tolist()
+        if warned and self.listening:
+            self.warned, self.warned_at = self.warned or signal.SIGUSR1, self.warned_at or time.time()
+        if warned or stopped:
+            stop_after_this_step(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         """Training has ended (the test pass and the report follow): SLURM's warning from now on has nothing to
@@ -176,24 +126,28 @@ class SignalGuard(Callback):
 
     def on_sigterm(self, signum, frame) -> None:
         """SLURM's preemption (a PreemptTime) is a warning, any other SIGTERM stops; noted in the ledger at once."""
-        from attnlab.callbacks.requeues import Ledger
+        from attnlab.callbacks.run_metadata import ledger_of
 
         if self.ending:
             return
         if not self.received and self.warned is None and self.listening and being_preempted():
             # SLURM's preemption (PreemptMode=REQUEUE): its SIGTERM is the warning, the grace time the lead
             self.preempted = True
-            Ledger.of(self._trainer).note("preempted", unless_said=True)
+            ledger_of(self._trainer).note(Cause.PREEMPTED, unless_said=True)
             self.on_warning(signum, frame)
             return
         if not self.received and self._trainer is not None:
-            Ledger.of(self._trainer).note("stopped", unless_said=True)
+            ledger_of(self._trainer).note(Cause.SIGTERM, unless_said=True)
         self.received += 1
         running = time.monotonic() - self.step_started if self.step_started is not None else 0.0
-        if self.received == 1 and running < self.patience_s:
-            return  # Lightning stops after this step and saves last.ckpt
-        why = "a second SIGTERM" if self.received > 1 else f"SIGTERM while a step has run for {running:.0f} s"
-        self.stop_now(why)
+        decision = decide(Event.SIGTERM if self.received == 1 else Event.SIGTERM_AGAIN,
+                          JobState(step_s=running, patience_s=self.patience_s))
+        if decision.at_once:
+            self.stop_now(decision)
+        elif self._trainer is not None and self._trainer.world_size == 1:  # several ranks: decide_together
+            from attnlab.compat import stop_after_this_step
+
+            stop_after_this_step(self._trainer)
 
     def on_warning(self, signum, frame) -> None:
         """SLURM's warning before a time limit or a preemption: stop after the current step, then requeue
@@ -222,7 +176,7 @@ class SignalGuard(Callback):
             self.save_last(trainer)
             self.requeue(trainer)
             return
-        self.record(trainer, "stopped", signal="SIGTERM")
+        self.record(trainer, decide(Event.SIGTERM, JobState()).end, signal="SIGTERM")
         last = self.saved(trainer)
         kept = (f"step {trainer.global_step} is saved in {last}; resume from it with ckpt_path={last}" if last
                 else "no checkpoint is configured (callbacks.model_checkpoint), so nothing was saved")
@@ -230,7 +184,7 @@ class SignalGuard(Callback):
                  .encode())
 
     def requeue(self, trainer) -> None:
-        """Requeue the job, within its budget of time limits (the ledger of callbacks/peers.py); its rank 0 does, and
+        """Requeue the job, within its budget of time limits (the ledger: cluster/slurm_job.py); its rank 0 does, and
         says in one line and in the lineage how this attempt ended."""
         # the requeue's SIGTERM reaches every rank: this handler alone takes it, not Lightning's, whose broadcast to
         # the ranks would meet ranks that have already gone
@@ -238,86 +192,73 @@ class SignalGuard(Callback):
         signal.signal(signal.SIGTERM, self.on_sigterm)
         if not trainer.is_global_zero:
             return
-        from attnlab.callbacks.requeues import job_fields
+        from attnlab.cluster.slurm_job import job_fields
 
         name = signal.Signals(self.warned).name
         cause = self.cause(trainer, job_fields())
-        requeued, why = self.ask_requeue(trainer, cause)
+        end, why = self.ask_requeue(trainer, cause)
         last = self.saved(trainer)
         kept = f"step {trainer.global_step} is saved in {last}" if last else "nothing was saved (no checkpoint " \
             "is configured: callbacks.model_checkpoint)"
-        if requeued:
-            self.record(trainer, f"requeued: {cause}", signal=name)
+        if end.outcome is Outcome.REQUEUED:
+            self.record(trainer, end, signal=name)
             os.write(2, f"attnlab: {name} ({cause}): {kept}; the job is requeued and continues from it in this "
                         f"folder. Exit status {STOPPED}.\n".encode())
             return
-        self.record(trainer, f"stopped: {cause}, not requeued", signal=name, not_requeued=why)
+        self.record(trainer, end, signal=name, not_requeued=why)
         resume = f" Resume from it with ckpt_path={last}." if last else ""
         os.write(2, f"attnlab: {name} ({cause}): {kept}. The job is not requeued: {why}.{resume} Exit status "
                     f"{STOPPED} (not finished).\n".encode())
 
-    def cause(self, trainer, fields: dict[str, str]) -> str:
+    def cause(self, trainer, fields: dict[str, str]) -> Cause:
         """Why SLURM warned, as SLURM tells it (`fields`: scontrol show job): the module docstring's rules."""
-        from attnlab.callbacks.requeues import seconds_left
+        from attnlab.cluster.slurm_job import seconds_left
         from attnlab.callbacks.run_metadata import RunMetadata
 
         if self.preempted or being_preempted(fields):
-            return "preempted"
+            return Cause.PREEMPTED
         if self._submitit is None:
-            return "SLURM's warning"
+            return Cause.SLURM_WARNING
         launcher = (getattr(RunMetadata.of(trainer), "lineage", None) or {}).get("launcher") or {}
         left = seconds_left(fields, self.warned_at or time.time())
         try:
-            return "time limit" if left <= float(launcher["signal_delay_s"]) + WARNING_SLACK_S else "preempted"
+            return Cause.TIME_LIMIT if left <= float(launcher["signal_delay_s"]) + WARNING_SLACK_S else Cause.PREEMPTED
         except (KeyError, TypeError, ValueError):  # no end time or lead known: submitit's judgement by time run
-            return "time limit" if self._submitit.has_timed_out() else "preempted"
+            return Cause.TIME_LIMIT if self._submitit.has_timed_out() else Cause.PREEMPTED
 
-    def ask_requeue(self, trainer, cause: str) -> tuple[bool, str]:
-        """Note the requeue in the ledger and ask for it, within the budget of time limits: (requeued, why not).
-        When SLURM refuses, what it says of the job decides (peers.slurm_requeues)."""
-        from attnlab.callbacks.requeues import (TIME_LIMIT, Ledger, job_fields, max_requeues, scontrol_requeue,
+    def ask_requeue(self, trainer, cause: Cause) -> tuple[AttemptEnd, str]:
+        """Note the requeue in the ledger and ask for it, within the budget of time limits (cluster/rules.py): (how
+        the attempt ends, why it is not requeued). When SLURM refuses, what it says of the job decides
+        (slurm_job.slurm_requeues)."""
+        from attnlab.callbacks.run_metadata import ledger_of, requeue_budget
+        from attnlab.cluster.slurm_job import (TIME_LIMIT, job_fields, scontrol_requeue,
                                              slurm_requeues)
 
-        ledger, (budget, named) = Ledger.of(trainer), max_requeues(trainer)
+        ledger, (budget, named) = ledger_of(trainer), requeue_budget(trainer)
         # time limits spent: the ledger's, or more where submitit requeued on its own (a warning before training)
-        countdown = getattr(getattr(self._submitit, "_delayed", None), "_timeout_countdown", budget)
-        spent = max(ledger.spent(TIME_LIMIT), budget - countdown if self._submitit is not None else 0)
-        if cause == TIME_LIMIT and spent >= budget:
-            return False, (f"it has reached its time limit launcher.max_num_timeout times already ({spent} requeues "
-                           f"for a time limit, {named}); give it a longer launcher.timeout_min or a larger "
-                           "launcher.max_num_timeout")
+        spent = max(ledger.spent(TIME_LIMIT), budget - submitit_bridge.timeouts_left(self._submitit, budget)
+                    if self._submitit is not None else 0)
+        state = JobState(in_slurm=True, cause=cause, spent=spent if cause == TIME_LIMIT else 0, budget=budget)
+        decision = decide(Event.WARNING, state)
+        if not decision.requeue:
+            return decision.end, (f"it has reached its time limit launcher.max_num_timeout times already ({spent} "
+                                  f"requeues for a time limit, {named}); give it a longer launcher.timeout_min or a "
+                                  "larger launcher.max_num_timeout")
         note = ledger.note(cause, rank=trainer.global_rank, global_step=trainer.global_step,
                            signal=signal.Signals(self.warned).name)
         if self._submitit is not None:
-            requeued, why = self._submitit_requeue(cause == TIME_LIMIT, max(0, budget - spent))
+            requeued, why = submitit_bridge.requeue(self._submitit, self.warned, cause == TIME_LIMIT,
+                                                    max(0, budget - spent))
         else:
             requeued, why = scontrol_requeue()
         if not requeued:
-            requeued, why_not = slurm_requeues(job_fields(), cause == "preempted")
+            requeued, why_not = slurm_requeues(job_fields(), cause is Cause.PREEMPTED)
             why = "; ".join(filter(None, (why, why_not)))
-        if not requeued and note is not None:
+        if requeued:
+            return decision.end, ""
+        if note is not None:
             note.unlink(missing_ok=True)
-        return requeued, why
-
-    def _submitit_requeue(self, timed_out: bool, countdown: int) -> tuple[bool, str]:
-        """submitit's requeue of this job (`checkpoint_and_try_requeue`), told whether this is a time limit and how
-        many time limits are left (the ledger's count)."""
-        from submitit.core.utils import UncompletedJobError
-
-        handler = self._submitit
-        handler.has_timed_out = lambda: timed_out
-        handler._delayed._timeout_countdown = countdown
-        try:
-            handler.checkpoint_and_try_requeue(self.warned)
-            return False, "submitit did not requeue it"
-        except SystemExit:  # submitit's way out once the job is requeued
-            return True, ""
-        except UncompletedJobError as e:
-            return False, f"submitit did not requeue it ({e})"
-        except (OSError, subprocess.SubprocessError) as e:  # scontrol refused
-            return False, f"scontrol requeue failed ({e})"
-        finally:
-            del handler.has_timed_out
+        return decide(Event.REQUEUE_REFUSED, state).end, why
 
     @staticmethod
     def save_last(trainer) -> None:
@@ -334,13 +275,13 @@ class SignalGuard(Callback):
         return None
 
     @staticmethod
-    def record(trainer, status: str, **fields) -> None:
+    def record(trainer, end: AttemptEnd, **fields) -> None:
         """How this attempt ended, in the run's lineage (RunMetadata)."""
         from attnlab.callbacks.run_metadata import RunMetadata
 
         metadata = RunMetadata.of(trainer)
         if metadata is not None:
-            metadata.finish(trainer, status, **fields)
+            metadata.finish(trainer, end, **fields)
 
     def last_checkpoint(self) -> str | None:
         ckpt = getattr(self._trainer, "checkpoint_callback", None)
@@ -349,33 +290,17 @@ class SignalGuard(Callback):
             path = str(Path(ckpt.dirpath) / "last.ckpt")
         return path if path and Path(path).is_file() else None
 
-    def stop_now(self, why: str) -> None:
+    def stop_now(self, decision: Decision) -> None:
+        from attnlab.cluster.exit import end_at_once
+
         last = self.last_checkpoint()
         kept = (f"the last checkpoint is {last}; resume from it with ckpt_path={last}" if last
                 else "no checkpoint had been saved yet")
         if self._trainer is not None:
-            self.record(self._trainer, f"stopped at once: {why}", signal="SIGTERM")
+            self.record(self._trainer, decision.end, signal="SIGTERM")
+        why = decision.end.detail
         os.write(2, f"\nattnlab: stopped at once on {why}: the current step is lost; {kept}.\n".encode())
-        end_at_once(STOPPED)
-
-
-def end_at_once(code: int, wandb_wait_s: float = 10.0) -> None:
-    """End the process now, without unwinding (a step or a collective may never return), leaving nothing half
-    done that can be ended: the temporary file of a write under way (a checkpoint) is removed, and a W&B run is
-    marked ended with `code` (failed), waiting at most `wandb_wait_s` for it."""
-    import threading
-
-    from attnlab.utils.atomic import remove_unfinished
-
-    remove_unfinished()
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        finishing = threading.Thread(target=wandb.finish, kwargs={"exit_code": code}, daemon=True)
-        finishing.start()
-        finishing.join(wandb_wait_s)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        end_at_once(decision.exit_code)
 
 
 def _replaceable(handler) -> bool:

@@ -19,7 +19,7 @@ class ModelSummary(RichModelSummary):
         dm = getattr(trainer, "datamodule", None)
         if trainer.is_global_zero and pl_module.example_input_array is None and dm is not None:
             from attnlab.memory import sample_batch
-            from attnlab.utils.traced_step import step_flops
+            from attnlab.traced_step import step_flops
 
             try:
                 batch = sample_batch(dm)

@@ -28,7 +28,6 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         warnings.filterwarnings("ignore")
         logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     env_before = dict(os.environ)
-    import_run_stack()
     try:
         return fn(cfg)
     except UserError as e:
@@ -47,20 +46,11 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         _reset_distributed(env_before)
 
 
-def import_run_stack() -> None:
-    """torch, Lightning and torchmetrics, imported the one way every entry point imports them before its work
-    (attnlab.lean_imports: the optional packages of unused metrics deferred, never hidden). The tests' fork server
-    preloads them through this function too, so that a forked run imports what a new process imports."""
-    from attnlab.lean_imports import import_lightning
-
-    import_lightning()
-
-
 def begin(cfg: DictConfig) -> None:
     """What every entry point does first with its composed config: the user's modules imported and the platform
     keys filled in (attnlab.config.prepare), a model/data pair of other kinds refused (before an interpolation
     between them fails to resolve), then the config tree printed where extras.print_config asks."""
-    from attnlab import trust
+    from attnlab.checkpoints import trust
     from attnlab.config import check_compatible, prepare
 
     trust.from_command(cfg)  # whether this command trusts its files, and what its own config names

@@ -18,7 +18,7 @@ from attnlab.config import constructor_kwargs, current_target, import_user_modul
 from attnlab.errors import UserError
 from attnlab.protocols import data as data_hooks
 from attnlab.protocols import task as task_hooks
-from attnlab.resume import resolve_checkpoint
+from attnlab.checkpoints.resume import resolve_checkpoint
 from attnlab.settings import split_optimizer
 
 log = logging.getLogger("attnlab")
@@ -91,7 +91,7 @@ def _target_class(target: str | None, group: str) -> type:
     if not target:
         raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
                         "mypkg.module.ClassName), or pick one of attnlab's configs.")
-    from attnlab import trust
+    from attnlab.checkpoints import trust
 
     trust.admit("callable", target, f"{group}._target_")
     try:
@@ -203,7 +203,7 @@ def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, strateg
         extra["strategy"] = strategy
     plugins = []
     if not trainer_cfg.get("plugins") and not plan.trainer.writes_own_checkpoints:  # sharded: own IO
-        from attnlab.callbacks.checkpoint import AtomicCheckpointIO
+        from attnlab.checkpoints.io import AtomicCheckpointIO
 
         plugins.append(AtomicCheckpointIO())
     plugins, trainer_cfg = with_slurm_environment(plugins, trainer_cfg)
@@ -218,7 +218,7 @@ def with_slurm_environment(plugins: list, trainer_cfg: DictConfig) -> tuple[list
     The config's own plugins come along, unless they name a cluster environment of their own."""
     from lightning.fabric.plugins.environments import ClusterEnvironment
 
-    from attnlab.callbacks.signals import slurm_environment
+    from attnlab.cluster.slurm_job import slurm_environment
 
     environment = slurm_environment()
     if environment is None:
@@ -247,15 +247,13 @@ def load_task(ckpt_path: str, meta: dict):
     (attnlab.checkpoints: weights only, and what its config names checked), the user's modules it names imported,
     then its hyperparameters given to the task's class; those a lightning-hydra-template style module was built from
     config nodes (`net`, `optimizer`: callbacks/plain_hparams.py) are built again from them."""
-    from lightning.pytorch.core.saving import _load_state
-    from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
-
     from attnlab.callbacks.plain_hparams import rebuild_hparams
-    from attnlab.checkpoints import load_checkpoint
+    from attnlab.checkpoints.reading import load_checkpoint
+    from attnlab.compat import lightning_load_state, migrate_checkpoint
 
     # what Lightning's load_from_checkpoint does, from the dict the one reader gave (a sharded folder's too)
-    ckpt = _pl_migrate_checkpoint(load_checkpoint(ckpt_path), checkpoint_path=None)
-    from attnlab import trust
+    ckpt = migrate_checkpoint(load_checkpoint(ckpt_path))
+    from attnlab.checkpoints import trust
 
     imports = (meta["config"].get("extras") or {}).get("imports")
     for module in imports or []:
@@ -263,11 +261,11 @@ def load_task(ckpt_path: str, meta: dict):
     import_user_modules(imports)
     task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
-    from attnlab.resume import weights_that_fit
+    from attnlab.checkpoints.resume import weights_that_fit
 
     with weights_that_fit(ckpt_path):
         try:
-            model = _load_state(task_cls, ckpt)
+            model = lightning_load_state(task_cls, ckpt)
         except TypeError as e:  # hyperparameters its task's constructor does not take
             raise UserError(f"ckpt_path: {ckpt_path} holds hyperparameters that {task_cls.__qualname__} does not "
                             f"take ({e}). The file was changed after its run wrote it, or another program wrote it: "

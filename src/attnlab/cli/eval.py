@@ -23,16 +23,9 @@ def _main(cfg: DictConfig) -> dict | None:
 def main() -> dict | None:
     import sys
 
-    from attnlab.cli.app import check_output_paths, null_groups
-    from attnlab.errors import fail_before_hydra
-    from attnlab.redact import take_secret_overrides
-    from attnlab.cli.hydra_errors import check_composes, pin_mode
+    from attnlab.cli.command_line import before_hydra
 
-    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files (attnlab.redact)
-    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
-
-    fail_before_hydra(check_output_paths, sys.argv[1:])
-    pin_mode(fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "eval"))  # attnlab's paragraph, not Hydra's
+    sys.argv[1:] = before_hydra(sys.argv[1:], "eval").argv  # the one step before Hydra
     return _main()
 
 
@@ -47,7 +40,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from attnlab.cli import builders
-    from attnlab.resume import read_run_metadata
+    from attnlab.checkpoints.resume import read_run_metadata
     from attnlab.cli.app import begin
     from attnlab.cli.checks import check_config
     from attnlab.errors import UserError
@@ -66,8 +59,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     run_cfg = OmegaConf.create(meta["config"])
     L.seed_everything(RunSettings.of(run_cfg).seed if "seed" in run_cfg else run.seed, workers=True)
     data_cfg = OmegaConf.merge(run_cfg.data, cfg.get("data") or {})
-    dm = builders.build_datamodule(data_cfg)
-    model = task_hooks.check_data(builders.load_task(ckpt, meta), data_hooks.info(dm))
+    model = builders.load_task(ckpt, meta)
+    # the text read with the checkpoint's own tokenizer (GLUE's AX, evaluation only, has no text to learn one on)
+    dm = builders.build_datamodule(data_cfg, tokenizer=task_hooks.tokenizers(model).get("tokenizer"))
+    model = task_hooks.check_data(model, data_hooks.info(dm))
     decode = {k: v for k, v in (run.decode or {}).items() if v is not None}
     settings = task_hooks.decode_settings(model)
     if decode and settings is None:
@@ -80,7 +75,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     strategy = for_model(model, plan.trainer.strategy)
     trainer = builders.build_trainer(cfg, plan, [RichProgressBar()], builders.build_loggers(cfg), strategy)
     evaluate_on = trainer.test if run.split == "test" else trainer.validate
-    metrics = {k: float(v) for k, v in evaluate_on(model, datamodule=dm, verbose=True)[0].items()
+    results = {k: v for per_loader in evaluate_on(model, datamodule=dm, verbose=True) for k, v in per_loader.items()}
+    metrics = {k: float(v) for k, v in results.items()
                if not k.endswith("_best")}  # *_best are the training run's, restored from the checkpoint
     where = f"the {run.split} split"
     if run.split == "test" and data_hooks.test_is_validation(dm):  # said where the results are printed and written

@@ -36,14 +36,9 @@ def _main(cfg: DictConfig):
 def main():
     import sys
 
-    from attnlab.cli.app import check_output_paths
-    from attnlab.errors import fail_before_hydra
-    from attnlab.redact import take_secret_overrides
-    from attnlab.cli.hydra_errors import check_composes, pin_mode
+    from attnlab.cli.command_line import before_hydra
 
-    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files (attnlab.redact)
-    fail_before_hydra(check_output_paths, sys.argv[1:])
-    pin_mode(fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "export"))  # attnlab's paragraph, not Hydra's
+    sys.argv[1:] = before_hydra(sys.argv[1:], "export").argv  # the one step before Hydra
     return _main()
 
 
@@ -53,7 +48,7 @@ def export(cfg: DictConfig) -> Path:
     from safetensors.torch import save_model
 
     from attnlab.cli import builders
-    from attnlab.resume import read_run_metadata
+    from attnlab.checkpoints.resume import read_run_metadata
     from attnlab.cli.app import begin
     from attnlab.errors import UserError
     from attnlab.nn.registry import network_settings

@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from attnlab.errors import UserError
+from attnlab.utils.paths import is_under
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
@@ -102,17 +103,10 @@ def _setting_for(file: Path | None, cfg: DictConfig | None) -> str:
             root = paths.get(key)
         except Exception:  # an interpolation that cannot resolve here
             root = None
-        if file is not None and root and _is_under(file, Path(str(root))):
+        if file is not None and root and is_under(file, Path(str(root))):
             return f"paths.{key} (or {env})"
     return "paths.log_dir and paths.cache_dir (or ATTNLAB_LOG_DIR and ATTNLAB_CACHE_DIR)"
 
-
-def _is_under(file: Path, root: Path) -> bool:
-    try:
-        file.resolve().relative_to(root.resolve())
-        return True
-    except (ValueError, OSError):
-        return False
 
 
 def _free(folder: Path | None) -> str:

@@ -12,55 +12,30 @@ from pathlib import Path
 
 from attnlab.errors import UserError
 
-# Hydra's flags that take a value, and those that make it do something other than run the app
-_VALUE_FLAGS = {"--cfg": "-c", "--package": "-p", "--config-path": "-cp", "--config-name": "-cn",
-                "--config-dir": "-cd", "--shell-completion": "-sc"}
-_OTHER_MODES = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path")
+# Hydra's flags that make it do something other than run the app
+OTHER_MODES = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--help", "-h", action="store_true")
-    p.add_argument("--hydra-help", action="store_true")
-    p.add_argument("--multirun", "-m", action="store_true")
-    p.add_argument("--run", "-r", action="store_true")
-    p.add_argument("--resolve", action="store_true")
-    p.add_argument("--info", "-i", nargs="?", const="all")
-    p.add_argument("--experimental-rerun")
-    for long, short in _VALUE_FLAGS.items():
-        p.add_argument(long, short)
-    return p
+def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(Hydra's flags, the overrides and any flag Hydra does not know), read by Hydra's own parser."""
+    from attnlab.compat import hydra_args_parser
+
+    args, rest = hydra_args_parser().parse_known_args(argv)
+    return args, [*args.overrides, *rest]
 
 
 def check_composes(argv: list[str], conf_dir: Path, config_name: str) -> str | None:
     """Compose `argv` as Hydra will (each value of a sweep's group choices once); raise a UserError for an option
     that is not there, a key that is not in the config, or a config file that is not valid YAML. -> the run mode the
-    composed config sets (`hydra.mode`: RUN, MULTIRUN, or "" where it sets none), for `pin_mode`; None where it was
-    not composed."""
-    args, overrides = _parser().parse_known_args(argv)
-    if any(getattr(args, m, None) for m in _OTHER_MODES) or any(o.startswith("-") for o in overrides):
+    composed config sets (`hydra.mode`: RUN, MULTIRUN, or "" where it sets none), for `compat.pin_hydra_mode`; None
+    where it was not composed."""
+    args, overrides = parse_command_line(argv)
+    if any(getattr(args, m, None) for m in OTHER_MODES) or any(o.startswith("-") for o in overrides):
         return None
     config_dir = Path(args.config_dir).expanduser().absolute() if args.config_dir else None
     modes = [_compose(variant, conf_dir, args.config_name or config_name, config_dir)
              for variant in _variants(overrides)]
     return modes[0] if modes else None
-
-
-def pin_mode(mode: str | None) -> None:
-    """Hydra composes the whole config once only to read `hydra.mode` (Hydra.get_mode), then again to run it;
-    check_composes has just read it from the same command line, so that first composition is skipped."""
-    if mode is None:
-        return
-    from hydra._internal.hydra import Hydra
-    from hydra.types import RunMode
-
-    original = Hydra.get_mode
-
-    def get_mode(self, config_name, overrides):  # once: the next command of a process composes again
-        Hydra.get_mode = original
-        return RunMode[mode] if mode else None
-
-    Hydra.get_mode = get_mode
 
 
 def _variants(overrides: list[str]) -> list[list[str]]:

@@ -65,7 +65,7 @@ class RunPlan:
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoints: Path | None = None  # the checkpoint folder (callbacks.model_checkpoint.dirpath)
     # a training run's (plan_training): what it continues from; what the weights of model.init_from fix
-    resume: Any = None  # attnlab.resume.ResumePoint
+    resume: Any = None  # attnlab.checkpoints.resume.ResumePoint
     init_tokenizer: str | None = None
     init_settings: dict[str, Any] = field(default_factory=dict)
 
@@ -143,15 +143,15 @@ def make_plan(cfg: DictConfig) -> RunPlan:
 
 def plan_training(cfg: DictConfig) -> RunPlan:
     """A training run's plan: make_plan's, with the checkpoint it continues from (ckpt_path=, or its run directory's
-    own last.ckpt; read and checked against the task: attnlab.resume) and what the weights `model.init_from` names
-    fix: the tokenizer the data is read with and the network's settings (written into cfg.model, so config.yaml
-    says what was built)."""
+    own last.ckpt; read and checked against the task: checkpoints/resume.py) and what the weights `model.init_from`
+    names fix: the tokenizer the data is read with and the network's settings (written into cfg.model, so
+    config.yaml says what was built)."""
     import dataclasses
 
     from attnlab.cli import builders, rerun
-    from attnlab.resume import resume_point
+    from attnlab.checkpoints.resume import resume_point
 
-    from attnlab.checkpoints import check_init_from
+    from attnlab.checkpoints.reading import check_init_from
 
     plan = make_plan(cfg)
     rerun.warn_decisions(cfg, plan.decided)  # a --rerun: where this machine decided otherwise than the run's

@@ -88,7 +88,7 @@ def saved(run_dir: Path) -> DictConfig:
 def config(run_dir: Path, extra: list[str], out_dir: Path) -> DictConfig:
     """The run's own config with `extra` applied, also written as the new run's .hydra/config.yaml (so that it can be
     rerun in turn); the lineage differences warned about."""
-    from attnlab import trust
+    from attnlab.checkpoints import trust
 
     cfg = saved(run_dir)
     # a run folder can come from anywhere: it never trusts itself, and what its config names is built only when this
@@ -131,8 +131,8 @@ def check_given(given: Path | None) -> None:
     """A checkpoint given to --rerun as the file of its run folder is read as every checkpoint is (what it asks for,
     what its config names), though the rerun trains anew without it: a file that cannot be loaded safely is refused,
     never passed over."""
-    from attnlab.checkpoints import load_checkpoint
-    from attnlab.utils.sharded import is_sharded
+    from attnlab.checkpoints.reading import load_checkpoint
+    from attnlab.checkpoints.sharded import is_sharded
 
     path = given.expanduser() if given is not None else None
     if path is not None and (is_sharded(path) or path.is_file() and (

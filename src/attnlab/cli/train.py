@@ -6,8 +6,8 @@ The training run from the command line to `Trainer.fit`, top to bottom. `train.p
 `python train.py --rerun <run dir>` trains a run's own config again into a new folder (cli/rerun.py).
 
 1. `run()`: the whole process (`main()`, then the end of the process without the interpreter's teardown).
-2. `main()`: the command line checked before Hydra (plugins installed, output folders writable; `group=null`
-   becomes Hydra's `~group`), then Hydra composes `conf/train.yaml` and calls `_compose`.
+2. `main()`: the command line made ready for Hydra in one step (cli/command_line.py), then Hydra composes
+   `conf/train.yaml` and calls `_compose`.
 3. `_compose(cfg)`: `run_app` runs `train(cfg)`, showing a UserError as one paragraph.
 4. `train(cfg)`: the config prepared and checked once (nothing is read or built before it passes), the data module
    and the task built, the memory estimate, the Trainer: fit, test, report.
@@ -34,32 +34,11 @@ def run() -> None:
 
 
 def main() -> float | None:
-    from attnlab.cli.app import check_output_paths, null_groups
-    from attnlab.cli.hydra_errors import check_composes, pin_mode
-    from attnlab.cli.plugins import check_plugins
-    from attnlab.cli import rerun
-    from attnlab.errors import UserError, fail, fail_before_hydra
-    from attnlab.redact import take_secret_overrides
+    from attnlab.cli.command_line import before_hydra
 
     global _rerun
-    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files and the lineage (attnlab.redact)
-    try:
-        rerun_dir, argv = rerun.split_argv(sys.argv[1:])
-        if rerun_dir is not None:  # the run's own config replaces the composed one in _compose
-            _rerun, argv = (rerun_dir, argv), rerun.overrides(rerun_dir, argv)
-    except UserError as e:
-        fail(e)
-    rerun.record_sweep_command(argv)
-    sys.argv[1:] = null_groups(argv, CONF_DIR)
-    fail_before_hydra(check_plugins, sys.argv[1:], CONF_DIR)  # a launcher or sweeper plugin that is not installed
-    fail_before_hydra(check_output_paths, sys.argv[1:])
-    pin_mode(fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "train"))  # attnlab's paragraph, not Hydra's
-    try:  # launcher=slurm: the job fitted to its partition, as overrides of each job (cli/slurm)
-        from attnlab.cli.slurm import fit_command_line
-
-        sys.argv[1:] = fit_command_line(sys.argv[1:], CONF_DIR)
-    except UserError as e:
-        fail(e)
+    command = before_hydra(sys.argv[1:], "train")  # the one step before Hydra
+    sys.argv[1:], _rerun = command.argv, command.rerun
     return _compose()
 
 
@@ -100,7 +79,7 @@ def train(cfg: DictConfig) -> float | None:
 
     import lightning as L
 
-    from attnlab import trust
+    from attnlab.checkpoints import trust
     from attnlab.callbacks.job_cost import JobCost
     from attnlab.callbacks.peers import PeerWatch
     from attnlab.callbacks.plain_hparams import PlainHyperparameters
@@ -111,7 +90,7 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
     from attnlab.redact import redact
-    from attnlab.resume import check_resumable, check_same_model, weights_that_fit
+    from attnlab.checkpoints.resume import check_resumable, check_same_model, weights_that_fit
     from attnlab.strategies import for_model
 
     L.seed_everything(run.seed, workers=True)

@@ -1,10 +1,12 @@
 """attnlab-compare RUN_OR_SWEEP_DIR... [--sort METRIC] [--group-by KEY] [--metrics M ...] [--report out.html]
 attnlab-compare --diff RUN_A RUN_B
+attnlab-compare --glue SWEEP_DIR... [--seeds]
 
 Puts runs side by side from their folders alone (config.yaml, metrics.json, csv/metrics.csv): one row per run, the
 config keys that differ between them as columns, the final metrics; `--group-by seed` folds runs equal but for the
 seed into one row with mean ± std and n. Runs of different tasks get a table each; unfinished runs are marked with
-their last logged step."""
+their last logged step. `--glue` lays runs of data=glue out as GLUE's leaderboard does, a row per folder, with the
+GLUE score (attnlab.compare.glue); `--seeds` gives each cell's mean ± std over seeds."""
 
 from __future__ import annotations
 
@@ -27,7 +29,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", nargs="+", metavar="M", help="only these metrics (default: every val/ and test/)")
     p.add_argument("--report", type=Path, metavar="HTML", help="also write a self-contained HTML report")
     p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="the config keys two runs differ in")
+    p.add_argument("--glue", action="store_true", help="the GLUE table: a row per folder, with the GLUE score")
+    p.add_argument("--seeds", action="store_true", help="with --glue: mean ± std over the seeds of each setting")
     return p
+
+
+def glue(paths: list[str], seeds: bool = False, console=None) -> list:
+    """Print the GLUE table of the folders, a row each; returns its rows."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from attnlab.compare.glue import glue_table, markdown
+
+    rows = glue_table(paths, seeds)
+    (console or Console()).print(Text(markdown(rows)))
+    return rows
 
 
 def compare(paths: list[str], sort: str | None = None, group_by: str | None = None,
@@ -110,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not args.diff and not args.runs:
         parser().error("give run or multirun directories (or --diff RUN_A RUN_B)")
+    if args.seeds and not args.glue:
+        parser().error("--seeds goes with --glue (elsewhere: --group-by seed)")
     if args.diff:
         fail_before_hydra(show_diff, *args.diff)
+    elif args.glue:
+        fail_before_hydra(glue, args.runs, args.seeds)
     else:
         fail_before_hydra(compare, args.runs, args.sort, args.group_by, args.metrics, args.report)
     return 0

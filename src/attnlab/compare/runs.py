@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.cluster.outcome import AttemptEnd, Outcome
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -63,7 +64,7 @@ class Run:
     def status(self) -> str:
         if self.problem:
             return f"damaged: {self.problem}"
-        if (self.lineage or {}).get("status") == "pruned":  # stopped by an Optuna sweep's pruner
+        if getattr(AttemptEnd.of(self.lineage), "outcome", None) is Outcome.PRUNED:  # an Optuna sweep's pruner
             return f"pruned (step {self.lineage.get('global_step', self.last_step)})"
         if self.finished:
             return "finished"

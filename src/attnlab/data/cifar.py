@@ -33,8 +33,8 @@ CIFAR_BATCH = "a CIFAR python batch (numpy arrays, lists, dicts, strings and byt
 
 def _unpickle(path: Path) -> dict:
     """A batch of torchvision's CIFAR download: a pickle of numpy arrays and plain values, read through attnlab's
-    restricted unpickler (utils/safe_pickle.py), so that a file swapped into the data folder cannot run code."""
-    from attnlab.utils.safe_pickle import UnsafeGlobal, load, numpy_globals
+    restricted unpickler (checkpoints/safe_pickle.py), so that a file swapped into the data folder cannot run code."""
+    from attnlab.checkpoints.safe_pickle import UnsafeGlobal, load, numpy_globals
 
     try:
         found = load(path, numpy_globals(), CIFAR_BATCH, encoding="latin1")

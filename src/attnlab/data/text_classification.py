@@ -1,12 +1,16 @@
 """Labelled sentences (or sentence pairs) for classification: GLUE SST-2 (`data=sst2`) or a user's own CSV / TSV /
 JSONL files (`data=text_classification`).
 
-Each split is a table with one or two text columns and a label column (strings or ints). The class names are the
-training labels, sorted; a val/test label training never saw is refused. Text is tokenized with the tokenizer of the
-weights the run starts from (`model.init_from`: the entry point hands it over) or a WordPiece vocabulary learned on
-the training texts, as `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]` with segment ids 0 / 1, cut to max_length.
-Batches hold sentences of similar length (bucketing) padded to the longest one: a dict of input_ids,
-attention_mask, token_type_ids (B, T), labels (B,) and the texts (for the table of misclassified examples).
+Each split is a table with one or two text columns and a label column: class names (strings or ints; the classes
+are the training labels, sorted, and a val/test label training never saw is refused), or with `target=scores`
+numbers to regress (GLUE's STS-B). A data module may hold several validation sets (GLUE's MNLI: matched,
+mismatched): rows `val` and `val_<name>`, a loader each, named to the task through `DataInfo.val_names`.
+
+Text is tokenized with the tokenizer of the weights the run starts from (`model.init_from`: the entry point hands
+it over) or a WordPiece vocabulary learned on the training texts, as `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`
+with segment ids 0 / 1, cut to max_length. Batches hold sentences of similar length (bucketing) padded to the
+longest one: a dict of input_ids, attention_mask, token_type_ids (B, T), labels (B,: class indices, or float
+scores) and the texts (for the table of the worst predicted examples).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import csv
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,6 +33,7 @@ from attnlab.data.parallel_sets import BucketBatchSampler
 from attnlab.data.tokenizers import (CLS, EOT, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
                                      tokenizer_from_json)
 from attnlab.errors import UserError
+from attnlab.protocols.data import Target
 from attnlab.types import Encoding, PositiveInt
 
 log = logging.getLogger("attnlab")
@@ -66,7 +71,8 @@ def read_table(path: Path, columns: list[str], encoding: str = "utf-8") -> list[
 class Encoded(Dataset):
     """Tokenized examples: ids and segment ids per example, the label index, and the text."""
 
-    def __init__(self, ids: list[list[int]], segments: list[list[int]], labels: list[int], texts: list[str]):
+    def __init__(self, ids: list[list[int]], segments: list[list[int]], labels: list[int] | list[float],
+                 texts: list[str]):
         self.ids, self.segments, self.labels, self.texts = ids, segments, labels, texts
 
     def __len__(self) -> int:
@@ -102,7 +108,8 @@ class TextClassificationDataModule(BaseDataModule):
     """Args:
         train / val / test: the split files (.tsv, .csv, .jsonl), relative to `root`; test may be null (then val).
         text_columns: one column (single sentences) or two (pairs: premise / hypothesis, question / sentence).
-        label_column: the label, a string or an int per row.
+        label_column: the label, a string or an int per row (a number with target=scores).
+        target: classes (a label per row names its class) or scores (a number per row, regressed: STS-B).
         tokenizer: wordpiece (learned on the training texts, tokenizer_vocab_size entries); replaced by the
             tokenizer of the weights the run starts from (model.init_from) when it has one.
         max_length: tokens per example, [CLS]/[SEP] included; longer ones are cut.
@@ -117,7 +124,7 @@ class TextClassificationDataModule(BaseDataModule):
                  tokenizer_vocab_size: PositiveInt = 8192, lowercase: bool = True, min_frequency: PositiveInt = 2,
                  max_length: PositiveInt = 128, encoding: Encoding = "utf-8", cache_dir: str = ".cache",
                  num_classes: int | None = None, vocab_size: int | None = None, folds: int | None = None,
-                 fold: int = 0, **base: Any):
+                 fold: int = 0, target: Literal["classes", "scores"] = "classes", **base: Any):
         super().__init__(kind=kind, **base)
         self.folds, self.fold = folds, int(fold)
         self.name, self.root = name, Path(root).expanduser()
@@ -133,6 +140,8 @@ class TextClassificationDataModule(BaseDataModule):
         self.given_tokenizer: str | None = None
         self.class_names: list[str] | None = None
         self.num_classes = num_classes
+        self.target = Target(target)
+        self.val_names: list[str] | None = None  # several validation sets: rows "val" (the first), "val_<name>"
         self.rows: dict[str, list[dict[str, str]]] = {}
 
     fold_pool = ("train", "val")  # the splits data.folds divides (never the test split)
@@ -144,11 +153,15 @@ class TextClassificationDataModule(BaseDataModule):
     def info(self) -> DataInfo:
         if self.tokenizer is None:
             return DataInfo(self.kind)
-        return DataInfo(self.kind, num_classes=len(self.class_names), vocab_size=self.tokenizer.vocab_size,
-                        max_length=self.max_length, tokenizer=self.tokenizer.to_json(), class_names=self.class_names)
+        scores = self.target is Target.SCORES
+        return DataInfo(self.kind, num_classes=1 if scores else len(self.class_names),
+                        vocab_size=self.tokenizer.vocab_size, max_length=self.max_length,
+                        tokenizer=self.tokenizer.to_json(), class_names=self.class_names, target=self.target,
+                        val_names=self.val_names)
 
     # ---- reading
-    def _read(self) -> None:
+    def read(self) -> None:
+        """Every split's rows, read once and checked: the classes (or scores), labels training never saw."""
         if self.rows:
             return
         self.rows = self.load_rows()
@@ -156,12 +169,21 @@ class TextClassificationDataModule(BaseDataModule):
             pool = [r for split in self.fold_pool for r in self.rows[split]]
             train, val = kfold([r[self.label_column] for r in pool], int(self.folds), self.fold, self.seed)
             self.rows = self.rows | {"train": [pool[i] for i in train], "val": [pool[i] for i in val]}
+        if self.target is Target.SCORES:
+            self.class_names = None
+            for split, rows in self.rows.items():
+                bad = next((r[self.label_column] for r in rows if not _is_number(r[self.label_column])), None)
+                if bad is not None:
+                    raise UserError(f"the {split} data {self.where(split)} has the label {bad!r} in column "
+                                    f"{self.label_column!r}: data.target=scores regresses numbers. Fix the row, or "
+                                    "set data.target=classes for class labels.")
+            return
         labels = self.label_names({r[self.label_column] for r in self.rows["train"]})
         if len(labels) < 2:
             raise UserError(f"the training data {self.where('train')} has {len(labels)} label value(s) in "
                             f"column {self.label_column!r}: a classifier needs at least two classes. Check "
                             "data.label_column.")
-        for split in ("val", "test"):
+        for split in (s for s in self.rows if s != "train"):
             unseen = sorted({r[self.label_column] for r in self.rows[split]} - set(labels))
             if unseen:
                 raise UserError(f"the {split} data {self.where(split)} has labels the training data never "
@@ -189,9 +211,11 @@ class TextClassificationDataModule(BaseDataModule):
         return {"folds": self.folds, "fold": self.fold, "seed": self.seed} if self.folds else {}
 
     def where(self, split: str) -> str:
-        return str(self.root / self.files[split])
+        return str(self.root / self.files.get(split, split))
 
-    def _tokenizer(self) -> TextTokenizer:
+    def make_tokenizer(self) -> TextTokenizer:
+        """The tokenizer the text is read with: the one handed over (use_tokenizer), else one learned on the
+        training texts (cached)."""
         if self.given_tokenizer:
             return tokenizer_from_json(self.given_tokenizer)
         texts = [r[c] for r in self.rows["train"] for c in self.text_columns]
@@ -209,21 +233,39 @@ class TextClassificationDataModule(BaseDataModule):
             seq, seg = join_texts(tok, list(parts), self.max_length)
             ids.append(seq)
             segments.append(seg)
-        index = {name: i for i, name in enumerate(self.class_names)}
         texts = [" ||| ".join(r[c] for c in self.text_columns) for r in rows]
+        if self.target is Target.SCORES:
+            return Encoded(ids, segments, [float(r[self.label_column]) for r in rows], texts)
+        index = {name: i for i, name in enumerate(self.class_names)}
         return Encoded(ids, segments, [index[r[self.label_column]] for r in rows], texts)
 
     def prepare_data(self) -> None:
-        self._read()
+        self.read()
 
     def build_splits(self):
-        self._read()
+        self.read()
         if self.tokenizer is None:
-            self.tokenizer = self._tokenizer()
-        log.info("data=%s: %s examples, %d classes (%s), vocabulary %d", self.name,
-                 " / ".join(f"{s} {len(r):,}" for s, r in self.rows.items()), len(self.class_names),
-                 ", ".join(self.class_names[:10]), self.tokenizer.vocab_size)
-        return self._encode("train"), self._encode("val"), self._encode("test")
+            self.tokenizer = self.make_tokenizer()
+        labels = (f"{len(self.class_names)} classes ({', '.join(self.class_names[:10])})" if self.class_names
+                  else "scores to regress")
+        log.info("data=%s: %s examples, %s, vocabulary %d", self.name,
+                 " / ".join(f"{s} {len(r):,}" for s, r in self.rows.items()), labels, self.tokenizer.vocab_size)
+        train = self._encode("train") if self.rows["train"] else None
+        if not self.val_names:
+            return train, self._encode("val"), self._encode("test")
+        # several validation sets, which are also the test sets (GLUE's labelled ones)
+        sets = [self._encode(k) for k in ["val", *(f"val_{n}" for n in self.val_names[1:])]]
+        return train, sets, sets
+
+    def val_dataloader(self):
+        if isinstance(self.val_set, list):  # one loader per validation set, in val_names' order
+            return [self._loader(ds, train=False) for ds in self.val_set]
+        return super().val_dataloader()
+
+    def test_dataloader(self):
+        if isinstance(self.test_set, list):
+            return [self._loader(ds, train=False) for ds in self.test_set]
+        return super().test_dataloader()
 
     # ---- loaders: bucketed by length, padded to the longest in the batch
     def setup(self, stage: str | None = None) -> None:
@@ -237,6 +279,14 @@ class TextClassificationDataModule(BaseDataModule):
 
     def collate_fn(self, train: bool) -> PadBatch:
         return PadBatch(self.tokenizer.token_to_id(PAD))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _label_order(label: str):

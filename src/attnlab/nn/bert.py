@@ -113,6 +113,8 @@ class BertClassifier(BertEncoder):
     """input_ids, attention_mask, token_type_ids (B, T) -> logits (B, num_classes): the [CLS] (first) position's
     state through BERT's pooler (dense + tanh) and a linear head."""
 
+    regresses = True  # with num_classes=1, one score per text (BertForSequenceClassification's regression)
+
     def __init__(self, config: BertClassifierConfig):
         super().__init__(config)
         c = config

@@ -120,6 +120,8 @@ class GPTClassifier(GPT):
     last token, which under causal attention has read the whole text, through a linear head (as
     GPT2ForSequenceClassification, bias-free). Pairs arrive joined by the data; `token_type_ids` are not used."""
 
+    regresses = True  # with num_classes=1, one score per text (GPT2ForSequenceClassification's regression)
+
     def __init__(self, config: GPTClassifierConfig):
         super().__init__(config)
         c = config

@@ -113,7 +113,7 @@ def network_spec(name: str) -> NetworkSpec:
     if "." in str(name):
         from hydra.utils import get_object
 
-        from attnlab import trust
+        from attnlab.checkpoints import trust
 
         own = next((s for s in _NETWORKS.values() if f"{s.build.__module__}.{s.build.__qualname__}" == name), None)
         if own is not None:  # a registered network by its exact qualified name (older checkpoints name it so)

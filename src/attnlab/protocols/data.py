@@ -29,8 +29,16 @@ computes them in `info()`), and from there in the run's `data` config.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+class Target(str, enum.Enum):
+    """What a text's label is: one of the classes, or a score to regress (GLUE's STS-B: similarity in [0, 5])."""
+
+    CLASSES = "classes"
+    SCORES = "scores"
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class DataInfo:
     tokenizer: str | None = None                # a tokenizers.Tokenizer as JSON
     src_tokenizer: str | None = None
     tgt_tokenizer: str | None = None
+    target: Target | None = None                # classes, or scores (a regression: num_classes is 1)
+    val_names: list[str] | None = None          # several validation sets, by name (MNLI: matched, mismatched)
 
     SIZES: ClassVar[tuple[str, ...]] = ("num_classes", "image_size", "channels", "vocab_size", "block_size",
                                         "max_length", "src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id",
@@ -67,10 +77,11 @@ class DataInfo:
         return {k: getattr(self, k) for k in self.SIZES if getattr(self, k) is not None}
 
     def task_arguments(self) -> dict[str, Any]:
-        """The objects for the task's constructor (those the data has)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("kind", "objective") and f.name not in self.SIZES
-                and getattr(self, f.name) is not None}
+        """The objects for the task's constructor (those the data has), as plain values."""
+        plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name not in ("kind", "objective") and f.name not in self.SIZES
+                 and getattr(self, f.name) is not None}
+        return {k: v.value if isinstance(v, enum.Enum) else v for k, v in plain.items()}  # plain in checkpoints
 
 
 @runtime_checkable

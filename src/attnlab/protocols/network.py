@@ -11,6 +11,8 @@ Every hook is optional: the platform does without it where a network has none.
 - `group_matcher(coarse: bool) -> dict` (timm's convention): the layers numbered from the input up, for
   `optimizer.layer_decay`.
 - `get_classifier() -> nn.Module` (timm's convention): the head `model.freeze_backbone=true` keeps training.
+- `regresses: bool` (class attribute): built with one output (`num_classes=1`), the head predicts a score, which a
+  task may train with a regression loss (GLUE's STS-B). A network without it is refused for such data.
 """
 
 from __future__ import annotations
@@ -34,3 +36,8 @@ class BlockNetwork(Protocol):
 def declared_blocks(net: object) -> set[type[nn.Module]] | None:
     """The block types `net` declares (`BlockNetwork`); None when it declares none."""
     return set(net.block_classes()) if isinstance(net, BlockNetwork) else None
+
+
+def regresses(net: object) -> bool:
+    """Whether `net` declares that its head, built with one output, predicts a score (`regresses = True`)."""
+    return bool(getattr(net, "regresses", False))

@@ -44,7 +44,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from attnlab.protocols.data import DataInfo
 
@@ -183,6 +182,8 @@ def tokenizers(task: Any) -> dict[str, str]:
 
 def leading_size(batch: Any) -> int:
     """The leading dimension of a batch's first tensor (0 when it has none)."""
+    from attnlab.compat import tree_leaves
+
     for t in tree_leaves(batch):
         if isinstance(t, torch.Tensor):
             return int(t.shape[0]) if t.dim() else 0

@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
-from attnlab import trust
+from attnlab.checkpoints import trust
 from attnlab.compat import has_trainer, logs_this_step, metric_defaults
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError

@@ -1,10 +1,12 @@
 """Sentence and sentence-pair classification with a Transformer encoder (`model=bert_classifier`), from scratch or
 from the encoder of a masked-LM pretraining run (`model.init_from`).
 
-Metrics: `train/loss`, `val/loss`, `val/acc`, `val/acc_best`, and for binary tasks `val/f1` (F1 of the positive
-class, the higher label) and `val/mcc` (Matthews correlation, GLUE's CoLA metric), and the same under `test/`; at
-test, the confusion matrix (`<run dir>/media/test_confusion.png`)
-and the misclassified examples (`test_errors.csv`), also to W&B (`test/confusion_matrix`, `test/errors`).
+The data says what the labels are (`DataInfo.target`): classes (cross-entropy; `val/acc`, `val/mcc` Matthews
+correlation, and for two classes `val/f1`, F1 of the positive class, the higher label), or scores to regress with
+one output (MSE; `val/pearson`, `val/spearman`: GLUE's STS-B). Several validation sets (`DataInfo.val_names`: MNLI's
+matched, mismatched) are each scored under their name, `val/acc_matched`. Also `val/loss`, `<monitor>_best`, the same
+under `test/`; at test, the confusion matrix (`<run dir>/media/test_confusion.png`) and the worst predicted
+examples (`test_errors.csv`), also to W&B (`test/confusion_matrix`, `test/errors`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import (BinaryF1Score, BinaryMatthewsCorrCoef, MulticlassAccuracy,
-                                         MulticlassConfusionMatrix)
+                                         MulticlassConfusionMatrix, MulticlassMatthewsCorrCoef)
+from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from attnlab.data.info import DataInfo
 from attnlab.errors import UserError
 from attnlab.nn.registry import create_network, network_settings
+from attnlab.protocols.data import Target
+from attnlab.protocols.network import regresses
 from attnlab.tasks.base import BaseTask, TokenizerInCheckpoint
 from attnlab.types import Fraction, NonNegativeInt
 from attnlab.utils.media import log_image, log_table, run_folder
@@ -34,13 +39,15 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
             (gpt_classifier), whose network initializes this one when training starts, or hf:<BERT or GPT-2
             weights, a hub name or a local folder>; their tokenizer is the data's.
         freeze_backbone: train only the pooler and the head (a linear probe of the encoder's [CLS] state).
-        num_errors: misclassified test examples logged as a table.
+        num_errors: the worst predicted test examples logged as a table.
+        target / val_names: from the data: classes or scores (a regression), the validation sets' names.
     """
 
     def __init__(self, vocab_size: int, max_length: int = 128, num_classes: int = 2, net: str = "bert_classifier",
                  tokenizer: str | None = None, class_names: list[str] | None = None,
                  label_smoothing: Fraction = 0.0, init_from: str | None = None, freeze_backbone: bool = False,
-                 num_errors: NonNegativeInt = 20, **settings: Any):
+                 num_errors: NonNegativeInt = 20, target: str = "classes", val_names: list[str] | None = None,
+                 **settings: Any):
         # the sequence length under the network's own name: an encoder's max_length, a decoder's block_size
         length = "block_size" if "block_size" in network_settings(net) else "max_length"
         network, base = create_network(net, settings | {"vocab_size": vocab_size, length: max_length,
@@ -48,6 +55,13 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         super().__init__(**({"monitor": "val/acc", "monitor_mode": "max"} | base))
         self.save_hyperparameters(ignore=["tokenizer"])
         self.net = network
+        self.target, self.val_names = Target(target), list(val_names or [])
+        if self.target is Target.SCORES and not (regresses(network) and num_classes == 1):
+            why = (f"model.net={net} predicts classes only (it declares no `regresses`)" if not regresses(network)
+                   else f"model.num_classes={num_classes}, where a regression has one output")
+            raise UserError(f"the data's labels are scores to regress (data.target=scores, as GLUE's STS-B), but "
+                            f"{why}. Use model=bert_classifier or model=gpt_classifier with model.num_classes="
+                            "${data.num_classes}.")
         self.label_smoothing = float(label_smoothing)
         self.tokenizer_json = tokenizer
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
@@ -58,13 +72,31 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
             head = {id(p) for p in self.net.get_classifier().parameters()}
             for p in self.net.parameters():
                 p.requires_grad = id(p) in head
-        self.losses = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
-        self.accs = torch.nn.ModuleDict({s: MulticlassAccuracy(num_classes, average="micro") for s in ("val", "test")})
-        self.binary = torch.nn.ModuleDict({f"{s}_{m}": metric() for s in ("val", "test") for m, metric in
-                                        (("f1", BinaryF1Score), ("mcc", BinaryMatthewsCorrCoef))}) \
-            if num_classes == 2 else None
-        self.test_cm = MulticlassConfusionMatrix(num_classes)
-        self._errors: list[list] = []
+        self.score_sets(self.val_names)
+        logged = [f"val/{m}{x}" for x in self.sets for m in ["loss", *self.metrics_of(num_classes)]]
+        if self.monitor not in logged:
+            raise UserError(f"model.monitor={self.monitor} is not a metric of this task, which logs "
+                            f"{', '.join(logged)}: set model.monitor to one of them.")
+        self.test_cm = MulticlassConfusionMatrix(num_classes) if self.target is Target.CLASSES else None
+        self._errors: list[tuple] = []
+
+    def score_sets(self, val_names: list[str]) -> None:
+        """One set of metrics per stage and validation set: "val/acc", "val/acc_matched", "test/pearson", ..."""
+        self.sets = [f"_{n}" for n in val_names] or [""]
+        k = self.hparams.num_classes
+        self.losses = torch.nn.ModuleDict({f"{st}{x}": MeanMetric() for st in ("val", "test") for x in self.sets})
+        self.scores = torch.nn.ModuleDict({f"{st}{x}": torch.nn.ModuleDict(self.metrics_of(k))
+                                           for st in ("val", "test") for x in self.sets})
+
+    def metrics_of(self, num_classes: int) -> dict[str, torch.nn.Module]:
+        """What a validation set is scored by, as GLUE reports it (attnlab.glue_tasks)."""
+        if self.target is Target.SCORES:
+            return {"pearson": PearsonCorrCoef(), "spearman": SpearmanCorrCoef()}
+        if num_classes == 2:
+            return {"acc": MulticlassAccuracy(2, average="micro"), "f1": BinaryF1Score(),
+                    "mcc": BinaryMatthewsCorrCoef()}
+        return {"acc": MulticlassAccuracy(num_classes, average="micro"),
+                "mcc": MulticlassMatthewsCorrCoef(num_classes)}
 
     # ---- what travels in the checkpoint: the tokenizer (TokenizerInCheckpoint)
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -89,6 +121,10 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         if info.vocab_size is not None and info.vocab_size > self.hparams.vocab_size:
             raise UserError(f"the tokenizer has {info.vocab_size} tokens but model.vocab_size={self.hparams.vocab_size}"
                             ": let the model follow the data (model.vocab_size=${data.vocab_size}).")
+        if list(info.val_names or []) != self.val_names:  # evaluated on other sets (an MNLI model on AX)
+            self.val_names = list(info.val_names or [])
+            self.score_sets(self.val_names)
+            self.to(self.device)
         if info.num_classes is not None and info.num_classes != self.hparams.num_classes:
             raise UserError(f"the data has {info.num_classes} classes but the model was built for "
                             f"{self.hparams.num_classes}: evaluate on data with the checkpoint's labels "
@@ -108,10 +144,19 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
     def _logits(self, batch: dict) -> torch.Tensor:
         return self(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
+    def predictions(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, K) logits -> (B,) the class index, or the score (one output)."""
+        return logits[:, 0] if self.target is Target.SCORES else logits.argmax(-1)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+        if self.target is Target.SCORES:
+            return F.mse_loss(logits[:, 0], labels.float())
+        return F.cross_entropy(logits, labels, label_smoothing=smoothing)
+
     def training_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       token_type_ids: torch.Tensor | None, labels: torch.Tensor) -> torch.Tensor:
         logits = self.net(input_ids, attention_mask, token_type_ids)       # (B, K)
-        return F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
+        return self.loss(logits.float(), labels, self.label_smoothing)
 
     def training_step(self, batch, batch_idx):
         loss = self.run_training_loss(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
@@ -119,53 +164,60 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         self.log_train_loss(loss, batch["labels"].shape[0])
         return loss
 
-    def _eval_step(self, stage: str, batch: dict) -> torch.Tensor:
-        logits = self._logits(batch).float()
-        y = batch["labels"]
-        self.losses[stage].update(F.cross_entropy(logits, y), y.shape[0])
-        pred = logits.argmax(-1)
-        self.accs[stage].update(pred, y)
-        if self.binary is not None:
-            for m in ("f1", "mcc"):
-                self.binary[f"{stage}_{m}"].update(pred, y)
+    def _eval_step(self, stage: str, batch: dict, dataloader_idx: int) -> torch.Tensor:
+        logits = self._logits(batch).float()                               # (B, K)
+        y, key = batch["labels"], f"{stage}{self.sets[dataloader_idx]}"
+        self.losses[key].update(self.loss(logits, y), y.shape[0])
+        pred = self.predictions(logits)                                    # (B,)
+        for metric in self.scores[key].values():
+            metric.update(pred, y.to(pred.dtype) if self.target is Target.SCORES else y)
         return pred
 
-    def validation_step(self, batch, batch_idx):
-        self._eval_step("val", batch)
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        self._eval_step("val", batch, dataloader_idx)
 
-    def test_step(self, batch, batch_idx):
-        pred = self._eval_step("test", batch)
-        self.test_cm.update(pred, batch["labels"])
-        wrong = (pred != batch["labels"]).nonzero().flatten().tolist()
-        for i in wrong[: max(0, self.hparams.num_errors - len(self._errors))]:
-            self._errors.append([batch["text"][i], self.class_names[int(batch["labels"][i])],
-                                 self.class_names[int(pred[i])]])
+    def test_step(self, batch, batch_idx, dataloader_idx: int = 0):
+        pred = self._eval_step("test", batch, dataloader_idx)
+        y = batch["labels"]
+        if self.test_cm is not None:
+            self.test_cm.update(pred, y)
+        # the worst predicted: misclassified examples, or the largest errors of a score
+        errors = (pred != y).float() if self.test_cm is not None else (pred - y).abs()
+        for i in errors.nonzero().flatten().tolist():
+            label = float(y[i]) if self.test_cm is None else self.class_names[int(y[i])]
+            guess = round(float(pred[i]), 4) if self.test_cm is None else self.class_names[int(pred[i])]
+            self._errors.append((float(errors[i]), batch["text"][i], label, guess))
+        self._errors = sorted(self._errors, key=lambda e: -e[0])[:self.hparams.num_errors]
 
-    def _eval_end(self, stage: str) -> torch.Tensor:
-        acc = self.accs[stage].compute()
-        self.log(f"{stage}/loss", self.losses[stage].compute(), sync_dist=True)
-        self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=True)
-        if self.binary is not None:
-            for m in ("f1", "mcc"):
-                self.log(f"{stage}/{m}", self.binary[f"{stage}_{m}"].compute(), sync_dist=True)
-                self.binary[f"{stage}_{m}"].reset()
-        self.losses[stage].reset()
-        self.accs[stage].reset()
-        return acc
+    def _eval_end(self, stage: str) -> dict[str, torch.Tensor]:
+        values = {}
+        for x in self.sets:
+            key = f"{stage}{x}"
+            values[f"{stage}/loss{x}"] = self.losses[key].compute()
+            values |= {f"{stage}/{m}{x}": metric.compute() for m, metric in self.scores[key].items()}
+            self.losses[key].reset()
+            for metric in self.scores[key].values():
+                metric.reset()
+        for name, value in values.items():
+            self.log(name, value, prog_bar=stage == "val" and name == self.monitor, sync_dist=True)
+        return values
 
     def on_validation_epoch_end(self) -> None:
-        self.log_best(self._eval_end("val"))
+        self.log_best(self._eval_end("val")[self.monitor])
 
     def on_test_epoch_end(self) -> None:
         self._eval_end("test")
-        cm = self.test_cm.compute()  # synced across processes
-        self.test_cm.reset()
+        cm = None
+        if self.test_cm is not None:
+            cm = self.test_cm.compute()  # synced across processes
+            self.test_cm.reset()
         if self.trainer.is_global_zero and not self.trainer.sanity_checking:
             self.write_test_media(cm)
         self._errors = []
 
-    def write_test_media(self, cm: torch.Tensor) -> None:
-        """<run dir>/media/test_confusion.png and test_errors.csv (misclassified examples), also sent to W&B."""
+    def write_test_media(self, cm: torch.Tensor | None) -> None:
+        """<run dir>/media/test_confusion.png (classes) and test_errors.csv (the worst predicted examples), also
+        sent to W&B."""
         import csv
 
         import matplotlib
@@ -173,17 +225,19 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        rows = [list(e[1:]) for e in self._errors]  # text, label, predicted
         out = run_folder(self.trainer, "media")
         if out is None:  # a Trainer without a run folder: the errors go to W&B alone
-            log_table(self.trainer, "test/errors", ["text", "label", "predicted"], self._errors)
+            log_table(self.trainer, "test/errors", ["text", "label", "predicted"], rows)
             return
-        fig, _ = MulticlassConfusionMatrix(len(self.class_names)).plot(cm.cpu(), labels=self.class_names)
-        fig.savefig(out / "test_confusion.png", dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        log_image(self.trainer, "test/confusion_matrix", out / "test_confusion.png")
+        if cm is not None:
+            fig, _ = MulticlassConfusionMatrix(len(self.class_names)).plot(cm.cpu(), labels=self.class_names)
+            fig.savefig(out / "test_confusion.png", dpi=100, bbox_inches="tight")
+            plt.close(fig)
+            log_image(self.trainer, "test/confusion_matrix", out / "test_confusion.png")
         with open(out / "test_errors.csv", "w", newline="") as f:
-            csv.writer(f).writerows([["text", "label", "predicted"], *self._errors])
-        log_table(self.trainer, "test/errors", ["text", "label", "predicted"], self._errors)
+            csv.writer(f).writerows([["text", "label", "predicted"], *rows])
+        log_table(self.trainer, "test/errors", ["text", "label", "predicted"], rows)
 
     @staticmethod
     def batch_size_of(batch: Any) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoints import find_checkpoint, load_checkpoint, run_config
+from attnlab.checkpoints.reading import find_checkpoint, load_checkpoint, run_config
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")

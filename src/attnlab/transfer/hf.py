@@ -92,7 +92,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return {k: v for shard in shards for k, v in load_file(str(_inside(folder, shard, index))).items()}
     if (folder / "pytorch_model.bin").is_file():  # a pickle: read as every checkpoint is (weights only)
-        from attnlab.checkpoints import load_checkpoint
+        from attnlab.checkpoints.reading import load_checkpoint
 
         return load_checkpoint(folder / "pytorch_model.bin", "model.init_from")
     raise UserError(f"{folder} has a config.json but no weights (model.safetensors or pytorch_model.bin): "

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoints import find_checkpoint, load_checkpoint, run_config
+from attnlab.checkpoints.reading import find_checkpoint, load_checkpoint, run_config
 from attnlab.errors import UserError
 from attnlab.nn.mae import SIZES
 

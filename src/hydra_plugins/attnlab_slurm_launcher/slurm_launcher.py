@@ -27,6 +27,7 @@ ended once the controller forgot it):
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import subprocess
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from attnlab.cluster.outcome import AttemptEnd, Outcome
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from hydra_plugins.attnlab_slurm_launcher._queries import (Queued, _accounting_on, _queue_states, _requeueable,
@@ -300,8 +302,6 @@ def _report(w: Watched) -> None:
 def _requeued_because(w: Watched) -> str:
     """Why the job's last attempt ended, as its run recorded it (lineage.json: a lost peer, a preemption, a time
     limit), and where it goes on from."""
-    import json
-
     try:
         record = json.loads((w.run_dir / "lineage.json").read_text())
     except (OSError, ValueError, TypeError):
@@ -312,14 +312,14 @@ def _requeued_because(w: Watched) -> str:
     ended = [a for a in attempts if (a.get("slurm") or {}).get("restart_count") == w.requeues]
     if ended:
         record = ended[-1]
-    elif not str(record.get("status", "")).startswith("requeued") and record.get("earlier"):
+    elif getattr(AttemptEnd.of(record), "outcome", None) is not Outcome.REQUEUED and record.get("earlier"):
         record = record["earlier"][-1]  # the next attempt has begun already
-    status = str(record.get("status", ""))
-    if not status.startswith("requeued"):
+    end = AttemptEnd.of(record)
+    if end is None or end.outcome is not Outcome.REQUEUED:
         return ""
     detail = f": {record['error']}" if record.get("error") else ""
-    return (f" ({status.split(':', 1)[1].strip()}{detail}); it continues from step {record.get('global_step', '?')} "
-            "(last.ckpt) when it runs again")
+    return (f" ({end.cause.value if end.cause else 'requeued'}{detail}); it continues from step "
+            f"{record.get('global_step', '?')} (last.ckpt) when it runs again")
 
 
 def _name(w: Watched) -> str:

@@ -44,16 +44,10 @@ def _main(cfg: DictConfig):
 
 
 def main():
-    from attnlab.cli.app import check_output_paths, null_groups
-    from attnlab.errors import fail_before_hydra
-    from attnlab.redact import take_secret_overrides
-    from attnlab.cli.hydra_errors import check_composes
+    from attnlab.cli.command_line import before_hydra
 
-    sys.argv[1:] = take_secret_overrides(sys.argv[1:])  # kept from Hydra's files (attnlab.redact)
-    sys.argv[1:] = null_groups(sys.argv[1:], CONF_DIR)
-    sys.argv = quote_free_text(sys.argv)
-    fail_before_hydra(check_output_paths, sys.argv[1:])
-    fail_before_hydra(check_composes, sys.argv[1:], CONF_DIR, "predict")  # attnlab's paragraph, not Hydra's
+    sys.argv = quote_free_text(sys.argv)  # text="..." as the user typed it, whatever it holds
+    sys.argv[1:] = before_hydra(sys.argv[1:], "predict").argv  # the one step before Hydra
     return _main()
 
 
@@ -98,7 +92,7 @@ def predict(cfg: DictConfig):
     from omegaconf import OmegaConf
 
     from attnlab.cli import builders
-    from attnlab.resume import read_run_metadata
+    from attnlab.checkpoints.resume import read_run_metadata
     from attnlab.errors import UserError
 
     from attnlab.cli.app import begin

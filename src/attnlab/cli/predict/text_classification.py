@@ -1,5 +1,6 @@
-"""predict.py for text classifiers: the label of `text` (and its probability), printed; or of each line of `input`
-(a text file; a pair per line as `a<TAB>b` for pair tasks), written to predictions.csv."""
+"""predict.py for text classifiers: the label of `text` (and its probability), or the score of a regression
+(STS-B's similarity), printed; or of each line of `input` (a text file; a pair per line as `a<TAB>b` for pair
+tasks), written to predictions.csv."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from attnlab.data.text_classification import PadBatch, join_texts
 from attnlab.data.tokenizers import PAD
 from attnlab.cli.predict import text_lines
 from attnlab.errors import UserError
+from attnlab.protocols.data import Target
 
 
 def predict(model, cfg, run_cfg) -> list[dict]:
@@ -29,15 +31,21 @@ def predict(model, cfg, run_cfg) -> list[dict]:
         for start in range(0, len(examples), batch_size):
             batch = collate(examples[start:start + batch_size])
             logits = model(*(batch[k].to(model.device) for k in ("input_ids", "attention_mask", "token_type_ids")))
+            chunk = examples[start:start + batch_size]
+            if model.target is Target.SCORES:
+                for ex, score in zip(chunk, model.predictions(logits.float()).tolist()):
+                    rows.append({"text": ex["text"], "score": score})
+                    print(f"{score:.3f}: {ex['text']}", flush=True)
+                continue
             probs, labels = logits.float().softmax(-1).max(-1)
-            for ex, p, i in zip(examples[start:start + batch_size], probs.tolist(), labels.tolist()):
+            for ex, p, i in zip(chunk, probs.tolist(), labels.tolist()):
                 rows.append({"text": ex["text"], "label": model.class_names[i], "probability": p})
                 print(f"{model.class_names[i]} ({p:.3f}): {ex['text']}", flush=True)
     if cfg.get("input"):
         out = Path(cfg.paths.output_dir) / "predictions.csv"
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["text", "label", "probability"])
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["text", "label", "probability"])
             w.writeheader()
             w.writerows(rows)
         print(f"{len(rows)} prediction(s) written to {out}", flush=True)

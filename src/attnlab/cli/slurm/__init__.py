@@ -31,11 +31,11 @@ AUTO_WHEN_NULL = ("tasks_per_node", "cpus_per_task", "timeout_min", "signal_dela
 def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     """argv with the fitted SLURM resources appended (or put in place of the user's own values), or argv unchanged
     where the command is not a SLURM multirun."""
-    from attnlab.cli.hydra_errors import _OTHER_MODES, _parser, _variants
+    from attnlab.cli.hydra_errors import OTHER_MODES, _variants, parse_command_line
 
-    args, overrides = _parser().parse_known_args(argv)
+    args, overrides = parse_command_line(argv)
     may_sweep = args.multirun or any(o.lstrip("+").startswith(MULTIRUN_KEYS) for o in overrides)
-    if not may_sweep or args.cfg or any(getattr(args, m, None) for m in _OTHER_MODES) \
+    if not may_sweep or args.cfg or any(getattr(args, m, None) for m in OTHER_MODES) \
             or any(o.startswith("-") for o in overrides):
         return argv
     variants = _variants(overrides)
@@ -46,7 +46,7 @@ def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
     if not args.multirun and "MULTIRUN" not in str(cfgs[0].hydra.get("mode")):  # a single run trains here
         return argv
     given = _given(overrides)
-    from attnlab.utils.slurm_nodes import read_cluster
+    from attnlab.cluster.nodes import read_cluster
     from attnlab.cli.slurm.fit import fit
 
     cluster = read_cluster()

@@ -1,5 +1,5 @@
 """`launcher.timeout_min=auto` and `launcher.mem_gb=auto`: a job sized from what earlier jobs of the same key
-measured on its partition (attnlab.utils.job_costs), else the partition's limit and SLURM's default memory.
+measured on its partition (attnlab.cluster.costs), else the partition's limit and SLURM's default memory.
 
 Every kind of job the sweep runs is looked up (`sweep_jobs`): each line of the sweep's groups, with each value of a
 swept key that changes a step's cost (`model.depth=2,4`, the sweeper's `choice(...)`), on each kind of node of the
@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from attnlab.lineage import code_record
-from attnlab.utils.job_costs import (MEM_MARGIN, MEM_SLACK_GB, TIME_MARGIN, TIME_SLACK_S, code_version,
+from attnlab.cluster.costs import (MEM_MARGIN, MEM_SLACK_GB, TIME_MARGIN, TIME_SLACK_S, code_version,
                                      costs, data_size, fingerprint, lookup, node_type,
                                      run_steps)
 
@@ -86,8 +86,9 @@ def sweep_jobs(cfgs: list, overrides: list[str]) -> tuple[list, str]:
     """(the composed config of each kind of job the sweep runs, as far as its cost goes, "") or ([], why not): each
     line's config with every value of the command line's swept keys and of the sweeper's params
     (`hydra.sweeper.params`) that change a step's cost, applied as Hydra applies a job's overrides."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from attnlab.compat import apply_overrides
 
     cfgs = [c for c in cfgs if c is not None]
     if not cfgs:
@@ -122,7 +123,7 @@ def sweep_jobs(cfgs: list, overrides: list[str]) -> tuple[list, str]:
             one = copy.deepcopy(cfg)
             try:
                 lines = parser.parse_overrides([f"{k}={v}" for (k, _), v in zip(swept, values)])
-                ConfigLoaderImpl._apply_overrides_to_config(lines, one)
+                apply_overrides(one, lines)
             except Exception:  # Hydra's run says why this job does not compose
                 return [], "a job of the sweep does not compose"
             jobs.append(one)

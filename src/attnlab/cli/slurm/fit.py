@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnlab.utils.slurm_nodes import Cluster, NodeKind, Partition, format_minutes
+from attnlab.cluster.nodes import Cluster, NodeKind, Partition, format_minutes
 from attnlab.errors import UserError
 
 AUTO = "auto"

@@ -69,7 +69,7 @@ def test_only(params: dict[str, Any], settings: dict[str, Any]) -> None:
             out = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60,
                                  cwd=tmp)
         except FileNotFoundError:
-            from attnlab.utils.slurm_nodes import require_slurm
+            from attnlab.cluster.nodes import require_slurm
 
             require_slurm()
             raise
@@ -113,7 +113,7 @@ def explain_submission(err: BaseException, settings: dict[str, Any] | None = Non
     except ImportError:  # pragma: no cover - submitit is a dependency of the launcher
         return None
     if isinstance(err, FileNotFoundError) and "sbatch" in str(err):
-        from attnlab.utils.slurm_nodes import require_slurm
+        from attnlab.cluster.nodes import require_slurm
 
         try:
             require_slurm()

@@ -10,8 +10,8 @@ import random
 import weakref
 
 import torch
-from torch.utils._pytree import tree_leaves
 
+from attnlab.compat import tree_leaves
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -21,11 +21,11 @@ class _LiveBytes:
     """A dispatch mode that counts the bytes of every tensor storage an op creates while it is referenced."""
 
     def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from attnlab.compat import dispatch_mode_class
 
         tracker = self
 
-        class Mode(TorchDispatchMode):
+        class Mode(dispatch_mode_class()):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 tracker.add(out)
@@ -93,11 +93,10 @@ def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> 
     """Peak bytes of the tensors one training step (forward, loss and backward) allocates: on fake tensors, or,
     where the step has ops whose output shape depends on the data (packed sequences, boolean indexing), on a real
     slice of two samples scaled to the batch. None when the step cannot run outside the trainer."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._pytree import tree_map
+    from attnlab.compat import fake_tensor_mode, tree_map
 
     try:
-        with _quiet_step(task), FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        with _quiet_step(task), fake_tensor_mode(allow_non_fake_inputs=True) as fake:
             fake_batch = tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, batch)
             return _traced_step(task, fake_batch, autocast_dtype)
     except UserError:
@@ -121,9 +120,9 @@ def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> 
 def step_flops(task, batch) -> int | None:
     """FLOPs of the task's training step (forward and loss, as torch's FlopCounterMode counts them) on one sample of
     `batch`: on fake tensors, else on the real sample. None when the step cannot run outside the trainer."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._pytree import tree_map
     from torch.utils.flop_counter import FlopCounterMode
+
+    from attnlab.compat import fake_tensor_mode, tree_map
 
     size = _batch_len(batch)
     if not size:
@@ -134,7 +133,7 @@ def step_flops(task, batch) -> int | None:
         try:
             with _quiet_step(task), torch.no_grad(), contextlib.ExitStack() as stack:
                 if fake:
-                    mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                    mode = stack.enter_context(fake_tensor_mode(allow_non_fake_inputs=True))
                     sample = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, one)
                 else:
                     sample = one
@@ -150,7 +149,7 @@ def step_flops(task, batch) -> int | None:
 def materialize(task, batch) -> None:
     """Give lazy modules (`nn.LazyLinear`, ...) their parameters with one real step without gradients on two
     samples, as PyTorch asks before an optimizer is built; the estimate then counts them like any other."""
-    from torch.utils._pytree import tree_map
+    from attnlab.compat import tree_map
 
     size = _batch_len(batch)
     part = min(2, size) if size else size

@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnlab.utils.paths import is_under
+
 TIME_MARGIN, TIME_SLACK_S = 1.25, 120.0
 MEM_MARGIN, MEM_SLACK_GB = 1.25, 1.0
 MAX_DATA_ENTRIES = 10_000  # a data folder's entries looked at (breadth first, by name) for its size
@@ -104,7 +106,7 @@ def data_size(cfg) -> dict[str, list[int]]:
                 walk(value, f"{prefix}{k}.")
             elif isinstance(value, str) and ("/" in value or value.startswith(".")) and "://" not in value:
                 path = Path(value).expanduser()
-                if path.exists() and not any(_under(path, s) for s in skip):
+                if path.exists() and not any(is_under(path, s) for s in skip):
                     found[f"{prefix}{k}"] = _tree_size(path)
 
     data = cfg.get("data") if isinstance(cfg, DictConfig) else None
@@ -122,13 +124,6 @@ def _path(cfg, key: str) -> Path | None:
         return None
     return Path(value).expanduser() if isinstance(value, str) and value else None
 
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except (ValueError, OSError):
-        return False
 
 
 def _tree_size(path: Path, limit: int = MAX_DATA_ENTRIES) -> list[int]:
@@ -172,7 +167,7 @@ def node_type(kind) -> str:
 def job_node_type(env=os.environ) -> str | None:
     """The kind of node this job runs on (its rank 0's), as `sinfo` reports it for the driver; None where `sinfo`
     cannot say."""
-    from attnlab.utils.slurm_nodes import SINFO_FORMAT, parse_sinfo
+    from attnlab.cluster.nodes import SINFO_FORMAT, parse_sinfo
 
     node, partition = env.get("SLURMD_NODENAME"), env.get("SLURM_JOB_PARTITION")
     if not (node and partition):

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from attnlab.checkpoints import load_checkpoint, newest_last
+from attnlab.checkpoints.reading import load_checkpoint, newest_last
 from attnlab.errors import UserError
-from attnlab.utils.sharded import is_checkpoint
+from attnlab.checkpoints.sharded import is_checkpoint
 
 log = logging.getLogger("attnlab")
 
@@ -76,7 +76,7 @@ def checkpoint_in_run_dir(checkpoints: Path, resume: bool) -> str | None:
     """The run directory's own last.ckpt (in `checkpoints`, its checkpoint folder) when `resume` is on: the run was
     interrupted (a crash, a kill, a SLURM preemption) and is started again in the same directory, where it continues
     at the step and batch it stopped."""
-    last = checkpoints / "last.ckpt"  # a file, or the folder of a sharded checkpoint (attnlab.utils.sharded)
+    last = checkpoints / "last.ckpt"  # a file, or the folder of a sharded checkpoint (attnlab.checkpoints.sharded)
     if not is_checkpoint(last):
         return None
     if not resume:

@@ -7,7 +7,7 @@ A run under FSDP reads such a folder itself, shard by shard (Lightning's FSDPStr
 continues from one (the same run folder started again on a machine without the GPUs it was sharded over,
 `ckpt_path=`, eval.py, export.py) gets it whole from `read_sharded`: every tensor gathered on the CPU, the optimizer
 states keyed as `torch.optim` keys them. Nothing in the folder can run code when it is read: `.metadata`, which DCP
-writes as a plain pickle, is read first, through attnlab's restricted unpickler (utils/safe_pickle.py) admitting only
+writes as a plain pickle, is read first, through attnlab's restricted unpickler (safe_pickle.py) admitting only
 that format's own classes (`SafeReader`); `meta.pt` is read as any checkpoint file is (attnlab.checkpoints:
 `weights_only=True`), and so are the values DCP stores as bytes (`_planner`). A folder the user trusts
 (`trust_checkpoint=true`) is read by DCP's own reader.
@@ -65,7 +65,7 @@ DCP_METADATA = "the .metadata of a torch.distributed.checkpoint folder"
 def read_dcp_metadata(path: Path):
     """DCP's `.metadata` of a sharded folder, its pickle restricted to the format's own classes (UnsafeGlobal for any
     other)."""
-    from attnlab.utils.safe_pickle import load
+    from attnlab.checkpoints.safe_pickle import load
 
     return load(Path(path) / ".metadata", _dcp_globals(), DCP_METADATA)
 
@@ -105,8 +105,10 @@ def _planner(trusted: bool):
     import pickle
 
     import torch
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
+    from attnlab.compat import dcp_empty_planner_class
+
+    _EmptyStateDictLoadPlanner = dcp_empty_planner_class()
     if trusted:
         return _EmptyStateDictLoadPlanner()
 
@@ -130,7 +132,8 @@ def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str
     `optimizer_states` (keyed by parameter index). `trusted`: `.metadata` unpickled in full (else restricted to its
     format's classes: UnsafeGlobal)."""
     import torch
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from attnlab.compat import dcp_load_whole
 
     path = Path(path)
     if not trusted:
@@ -141,7 +144,7 @@ def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        _load_state_dict(states, storage_reader=_reader(path, trusted), planner=_planner(trusted), no_dist=True)
+        dcp_load_whole(states, _reader(path, trusted), _planner(trusted))
     except CheckpointException as e:  # DCP's (a BaseException): each rank's failure, with its exception first
         causes = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
         raise next((c for c in causes if isinstance(c, UnsafeBytes)), None) or RuntimeError(str(e)) from None

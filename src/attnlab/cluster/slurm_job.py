@@ -12,11 +12,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from attnlab.cluster.outcome import Cause, Outcome
 from attnlab.utils import atomic
 
-LOST, TIME_LIMIT = "a peer was lost", "time limit"  # the causes of requeues counted against a budget
-RUNNING = "running"  # an attempt's record until it ends: one still so in a later attempt was lost without a word
-REQUEUED_LOST = f"requeued: {LOST}"
+LOST, TIME_LIMIT = Cause.PEER_LOST, Cause.TIME_LIMIT  # the causes of requeues counted against a budget
+RUNNING = Outcome.RUNNING  # an attempt's record until it ends: one still so in a later attempt was lost without a word
 DEFAULT_MAX_REQUEUES = 3  # SLURM jobs of one's own batch script (launcher=slurm: launcher.max_num_timeout)
 LEDGER = ".requeues"
 
@@ -44,14 +44,11 @@ def this_attempt() -> tuple[str | None, int]:
     return slurm_job_id(), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
-def max_requeues(trainer) -> tuple[int, str]:
+def max_requeues(launcher: dict | None) -> tuple[int, str]:
     """(the budget of requeues of each counted cause, how to name it): launcher.max_num_timeout under launcher=slurm
-    (the run's resolved launcher, as every rank composed it), else DEFAULT_MAX_REQUEUES."""
-    from attnlab.callbacks.run_metadata import RunMetadata
-
-    record = getattr(RunMetadata.of(trainer), "lineage", None) or {}
+    (`launcher`: the run's resolved launcher, as every rank composed it), else DEFAULT_MAX_REQUEUES."""
     try:
-        budget = int((record.get("launcher") or {})["max_num_timeout"])
+        budget = int((launcher or {})["max_num_timeout"])
         return budget, f"launcher.max_num_timeout={budget}"
     except (KeyError, TypeError, ValueError):
         return DEFAULT_MAX_REQUEUES, f"{DEFAULT_MAX_REQUEUES}, in a batch script of one's own"
@@ -62,13 +59,6 @@ class Ledger:
 
     def __init__(self, run_dir: str | os.PathLike):
         self.folder = Path(run_dir) / LEDGER
-
-    @classmethod
-    def of(cls, trainer) -> Ledger:
-        from attnlab.callbacks.run_metadata import RunMetadata
-
-        metadata = RunMetadata.of(trainer)
-        return cls((metadata.run_dir() if metadata is not None else None) or trainer.default_root_dir)
 
     def earlier(self) -> list[dict]:
         """The records of this job's earlier attempts (restart counts below this attempt's), oldest first."""
@@ -84,14 +74,14 @@ class Ledger:
                 found.append(record)
         return sorted(found, key=lambda r: r["restart_count"])
 
-    def spent(self, cause: str) -> int:
+    def spent(self, cause: Cause) -> int:
         """How many times this job was requeued for `cause` before this attempt. An earlier attempt that began
         training and ended without any rank's word (its record still `running`: killed outright, its node lost,
         and SLURM requeued the job itself, as it does on a node failure) counts as a lost peer."""
-        causes = (LOST, RUNNING) if cause == LOST else (cause,)
+        causes = {LOST.value, RUNNING.value} if cause is LOST else {Cause(cause).value}
         return sum(1 for r in self.earlier() if r.get("cause") in causes)
 
-    def note(self, cause: str, unless_said: bool = False, **fields) -> Path | None:
+    def note(self, cause: Cause | Outcome, unless_said: bool = False, **fields) -> Path | None:
         """This attempt's record: `running` as it begins training, then how it ends, written whole before a requeue
         is asked for; with `unless_said`, only over `running` (a SIGTERM after a requeue asked for a lost peer does
         not replace it). None outside a SLURM job (nothing to count) or where the folder cannot be written."""
@@ -103,7 +93,7 @@ class Ledger:
             return path
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            atomic.write_text(path, json.dumps({"job": job, "restart_count": restart, "cause": cause,
+            atomic.write_text(path, json.dumps({"job": job, "restart_count": restart, "cause": cause.value,
                                                 "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}))
         except OSError:
             return None
@@ -113,11 +103,11 @@ class Ledger:
     def said(path: Path) -> bool:
         """Whether the record at `path` says how its attempt ended."""
         try:
-            return json.loads(path.read_text()).get("cause") != RUNNING
+            return json.loads(path.read_text()).get("cause") != RUNNING.value
         except (OSError, ValueError, AttributeError):
             return False
 
-    def requeue(self, cause: str, **fields) -> tuple[bool, str]:
+    def requeue(self, cause: Cause, **fields) -> tuple[bool, str]:
         """Note this attempt's requeue, then `scontrol requeue` the job: (requeued, why not). A requeue that SLURM
         refuses leaves no note."""
         path = self.note(cause, **fields)
@@ -203,3 +193,24 @@ def slurm_requeues(fields: dict[str, str], preempted: bool) -> tuple[bool, str]:
     if "REQUEUE" in mode.upper():
         return True, ""
     return False, f"SLURM cancels a preempted job here (PreemptMode={mode or 'unknown'}), it does not requeue it"
+
+
+def slurm_environment():
+    """Lightning's SLURM environment (ranks, nodes, rendezvous) without its requeue handler, under SLURM; else None.
+    SignalGuard alone acts on SLURM's warning signal. Under torchrun inside a SLURM job (`srun ... torchrun ...` in
+    a batch script) torchrun's environment wins, as Lightning itself decides (TorchElasticEnvironment first)."""
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+    if not in_slurm_job() or TorchElasticEnvironment.detect():
+        return None
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment(auto_requeue=False)
+
+
+
+def being_preempted(fields: dict[str, str] | None = None) -> bool:
+    """Whether SLURM is preempting this job now: the controller has given it a preemption time (`PreemptTime` of
+    `scontrol show job`), which a cancellation, a time limit or a plain kill does not. False when it cannot say."""
+    fields = job_fields() if fields is None else fields
+    return fields.get("PreemptTime", "None") not in ("None", "Unknown", "")

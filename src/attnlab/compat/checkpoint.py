@@ -1,121 +1,20 @@
-"""The Lightning and torchmetrics internals attnlab relies on, in one place.
-
-Lightning is pinned below its next minor release (pyproject.toml). tests/test_compat.py checks that every name used
-here exists in the installed versions, so a release that moves one fails there, by name, instead of deep in a run.
-Nothing else in attnlab touches a private Lightning or torchmetrics attribute.
-"""
+"""ModelCheckpoint's internals that attnlab's ModelCheckpoint (callbacks/checkpoint.py) builds on, under public names;
+and which files of a checkpoint folder a callback may remove (`holds`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator
 
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from attnlab.compat import validates_after_this_batch
 from attnlab.utils.atomic import link_file
 
 log = logging.getLogger("attnlab")
 
 
-# ---- Lightning
-def has_trainer(module) -> bool:
-    """Whether a LightningModule is attached to a Trainer (its `trainer` property raises when it is not)."""
-    return module._trainer is not None
-
-
-def logs_this_step(trainer) -> bool:
-    """Whether the loggers write on this step (every trainer.log_every_n_steps, and every step of a fast_dev_run)."""
-    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
-
-
-def keep_own_batch_sampler(trainer) -> None:
-    """The data's batch sampler shards by rank itself: Lightning must not wrap it in a DistributedSampler."""
-    trainer._accelerator_connector.use_distributed_sampler = False
-
-
-def restore_loader_position(trainer) -> None:
-    """Load the training DataLoader's saved position now, and start the epoch's iterator again from it.
-
-    Lightning loads it only when it sets up the training data after the checkpoint was read, and only for a
-    checkpoint written mid-epoch; a schedule that asks for `trainer.estimated_stepping_batches` sets the data up
-    earlier, and the saved position would be dropped."""
-    loop = trainer.fit_loop
-    states = getattr(loop, "_combined_loader_states_to_load", None)
-    if not states or loop._combined_loader is None:
-        return
-    # also when the checkpoint was written at an epoch's end, where Lightning does not count the run as
-    # restarting: the loader then starts the next epoch, with the random state of the save point
-    loop._combined_loader._load_state_dicts(states)
-    loop._combined_loader_states_to_load = []
-    if loop._data_fetcher is not None:
-        iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
-
-
-def redo_interrupted_validation(checkpoint: dict) -> None:
-    """Make a checkpoint saved while fit's validation was under way (a stop after one of its batches) resume that
-    validation from its first batch. As saved, Lightning resumes it past the validation (the epoch's last training
-    batch counts as done), which then never runs: a stop during the last validation would leave the run without its
-    validation metrics. The validation loop's progress is set to Lightning's own state of a save inside a
-    validation batch ("restarted mid-evaluation", whose validation Lightning runs before training on), with no
-    batch done, so the whole validation runs again."""
-    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.val_loop.batch_progress")
-    if not progress:
-        return
-    before = progress["total"]["completed"] - progress["current"]["completed"]  # the earlier validations' batches
-    progress["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
-    progress["current"] = {"ready": 0, "started": 0, "processed": 0, "completed": 0}
-    progress["is_last_batch"] = False
-
-
-def validates_after_this_batch(trainer) -> bool:
-    """Whether a validation runs right after the training batch that just ended (the end of an epoch, or
-    `val_check_interval`): Lightning's own decision (`_should_check_val_fx`)."""
-    loop = trainer.fit_loop
-    fetcher = loop._data_fetcher
-    return fetcher is not None and bool(loop.epoch_loop._should_check_val_fx(fetcher))
-
-
-def stop_after_this_step(trainer) -> None:
-    """Stop training at the end of the current step, as Lightning stops on SIGTERM: a SIGTERMException, on which the
-    checkpoint callbacks' on_exception save. Each process checks its own flag: in a run of several, set it in all of
-    them after the same step."""
-    trainer._signal_connector.received_sigterm = True
-
-
-@contextlib.contextmanager
-def logging_off(module) -> Iterator[None]:
-    """Run a LightningModule's step outside the trainer: its `log`, `log_dict` and attnlab's `log_train_loss` do
-    nothing meanwhile (they would ask the trainer for its loop state)."""
-    names = [n for n in ("log", "log_dict", "log_train_loss") if callable(getattr(type(module), n, None))]
-    for name in names:
-        setattr(module, name, lambda *a, **k: None)
-    try:
-        yield
-    finally:
-        for name in names:
-            delattr(module, name)  # the class's method again
-
-
-# ---- torchmetrics
-def metric_defaults(metric) -> dict:
-    """A torchmetrics Metric's states as they are after `reset()`, by name."""
-    return dict(metric._defaults)
-
-
-def metric_state(metric) -> dict:
-    """A Metric's states and update count now, for `restore_metric_state`."""
-    return {name: getattr(metric, name) for name in metric._defaults} | {"_update_count": metric._update_count}
-
-
-def restore_metric_state(metric, state: dict) -> None:
-    for name, value in state.items():
-        setattr(metric, name, value)
-
-
-# ---- ModelCheckpoint
 class CheckpointBase(ModelCheckpoint):
     """ModelCheckpoint's internals that attnlab's ModelCheckpoint builds on, under public names."""
 

@@ -5,12 +5,12 @@ or a Hugging Face `pytorch_model.bin`), and Lightning's own loads (AtomicCheckpo
 `load_checkpoint` is the one reader. A checkpoint may come from anywhere, and unpickling can run any code, so it
 reads with `weights_only=True` (torch's restricted unpickler: tensors, containers and plain values), whatever the
 environment says (`TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` yields to an explicit value), and checks what the checkpoint's
-config and hyperparameters name before anything imports it (attnlab.trust). A file is refused, in one paragraph,
+config and hyperparameters name before anything imports it (trust.py). A file is refused, in one paragraph,
 before anything in it runs, when it:
 
 - asks for a global that `weights_only=True` refuses (a pickled object, the payload of a hostile file): the paragraph
   names the global and how to trust the file (`trust_checkpoint=true`: full unpickling);
-- names a module or callable that is neither attnlab's own nor named by the command (attnlab.trust);
+- names a module or callable that is neither attnlab's own nor named by the command (attnlab.checkpoints.trust);
 - is no checkpoint at all (not torch.save's zip archive: a bare pickle, a text file, another zip);
 - is a damaged checkpoint (torch.save's zip archive, cut short or corrupted).
 """
@@ -23,13 +23,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from attnlab import trust
+from attnlab.checkpoints import trust
 from attnlab.errors import UserError
-from attnlab.utils.sharded import is_checkpoint, is_sharded
+from attnlab.checkpoints.sharded import is_checkpoint, is_sharded
 
 ZIP_MAGIC = b"PK\x03\x04"
 # the parts of a checkpoint, besides its run's config, that name what loading it builds: every key of hyperparameters
-# Lightning reads (attnlab.trust.HPARAMS)
+# Lightning reads (attnlab.checkpoints.trust.HPARAMS)
 NAMING = tuple(trust.HPARAMS)
 
 
@@ -167,14 +167,14 @@ def _load_file(path: Path, key: str, mmap: bool, trusted: bool, map_location: An
 def _refused(key: str, path: Path, e: BaseException, pickled: bytes) -> UserError:
     """What torch's restricted unpickler refused: the globals it asks for (named by torch, or read from its opcodes,
     for a pickle protocol torch's scan cannot follow), or the pickle as a whole."""
-    from attnlab.utils.safe_pickle import globals_in
+    from attnlab.checkpoints.safe_pickle import globals_in
 
     names = _global_of(e)
     if not names:
         try:
-            from torch import _weights_only_unpickler as restricted
+            from attnlab.compat import weights_only_globals
 
-            admitted = set(restricted._get_allowed_globals()) | set(restricted._get_user_allowed_globals())
+            admitted = weights_only_globals()
         except Exception:
             admitted = set()
         names = [n for n in globals_in(pickled, every=True) if n not in admitted]
@@ -238,7 +238,7 @@ def _load_other(path: Path, key: str, trusted: bool, map_location: Any) -> Any:
     checkpoint at all (a bare pickle, a text file, an empty file), never unpickled, trusted or not."""
     import torch
 
-    from attnlab.utils.safe_pickle import globals_in
+    from attnlab.checkpoints.safe_pickle import globals_in
 
     with open(path, "rb") as fh:
         head = fh.read(1 << 20)
@@ -261,8 +261,8 @@ def _load_other(path: Path, key: str, trusted: bool, map_location: Any) -> Any:
 
 
 def _load_sharded(path: Path, key: str, trusted: bool) -> dict[str, Any]:
-    from attnlab.utils.safe_pickle import UnsafeGlobal
-    from attnlab.utils.sharded import UnsafeBytes, read_sharded
+    from attnlab.checkpoints.safe_pickle import UnsafeGlobal
+    from attnlab.checkpoints.sharded import UnsafeBytes, read_sharded
 
     def read_meta(meta: Path) -> Any:  # its names are checked with the whole checkpoint's
         return _load_file(meta, key, False, trusted, "cpu")

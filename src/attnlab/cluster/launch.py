@@ -19,9 +19,8 @@ Hydra's `.hydra` folder and `train.log`; rank N logs to `train_rank<N>.log` (the
 resolvers of conf/hydra/default.yaml). A process that no launcher started (Lightning's own DDP children come with
 `hydra.run.dir` set) claims its folder as before.
 
-Nothing here imports torch unless the process was started by torchrun or srun. A rank asks Lightning's cluster
-environments for its rank while Hydra sets up logging, before the entry point imports anything: importing attnlab
-made that first import of Lightning the lean one (attnlab.lean_imports.install).
+Nothing here imports torch unless the process was started by torchrun or srun (a rank asks Lightning's cluster
+environments for its rank while Hydra sets up logging).
 """
 
 from __future__ import annotations

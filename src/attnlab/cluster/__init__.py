@@ -1,0 +1,28 @@
+"""A job's life on a cluster: how each attempt ends, and whether it goes on.
+
+What happens when...
+- **a job is preempted or nears its time limit.** SLURM warns (`--signal=USR1@<lead>`, which `launcher=slurm` asks
+  for; under PreemptMode=REQUEUE, a SIGTERM while the job has a PreemptTime). Every rank ends the current step
+  together (or the current validation batch), `last.ckpt` is saved at it, and rank 0 decides the cause from what
+  `scontrol show job` says: `time limit` when the warning came within the lead of the job's EndTime, else
+  `preempted`; in a batch script of one's own, `SLURM's warning`. Time limits count against
+  `launcher.max_num_timeout`; preemptions do not. Within the budget the job is requeued (through submitit's handler
+  under launcher=slurm, else `scontrol requeue`) and continues from `last.ckpt` in its own folder; past it, or when
+  SLURM refuses (`--no-requeue`, PreemptMode=CANCEL), it is not, and says why. Either way the attempt exits 143.
+- **a job is killed (scancel, kill, Ctrl-C).** The first SIGTERM saves `last.ckpt` after the current step and exits
+  143; a second one, or the first after a step has run for `patience_s`, ends the process at once, naming the last
+  checkpoint. Nothing is requeued.
+- **a node or a rank is lost.** The other ranks learn it from their next collective. A rank that fails on an error of
+  its own leaves a note first (`.ranks/`), so a survivor tells a failed peer (the run fails: a bug comes back) from a
+  lost one. A lost peer in a SLURM job requeues it, at most `launcher.max_num_timeout` times; once that budget is
+  spent, the job is made non-requeueable and fails with status 1, saying why.
+
+Every attempt of a SLURM job has one record in the run folder's ledger (`.requeues/<job>.<restart count>.json`),
+written before any requeue is asked for; the ranks count the budgets from the same files, whichever rank was lost.
+How an attempt ended is an `Outcome` (outcome.py) in the run's lineage, which the sweep driver reads.
+
+Modules: slurm_job.py (the job's ids, scontrol, the ledger), submitit_bridge.py (the one module that touches
+submitit's internals), exit.py (ending a process that cannot unwind), launch.py (one run folder for all the ranks of
+a launch), nodes.py and costs.py (the cluster's partitions, and what a job costs: sizing `launcher=slurm`'s jobs). The
+Lightning callbacks that act on signals and lost peers are in callbacks/ (signals.py, peers.py).
+"""

@@ -1,0 +1,53 @@
+"""The bridge to submitit, the one module that touches its internals: the signal handler submitit installs in a job
+of `launcher=slurm` (which requeues it), and its requeue told attnlab's answer (time limit or not) and the ledger's
+count of time limits left, which its job pickle keeps."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+
+def submitit_handler():
+    """The signal handler submitit installed in this job (launcher=slurm), which requeues it; None elsewhere."""
+    if "submitit" not in sys.modules:
+        return None
+    for signum in (signal.SIGTERM, *submitit_signals()):
+        owner = getattr(signal.getsignal(signum), "__self__", None)
+        if type(owner).__module__.startswith("submitit.") and hasattr(owner, "checkpoint_and_try_requeue"):
+            return owner
+    return None
+
+
+def submitit_signals() -> tuple[signal.Signals, ...]:
+    """The signal submitit requeues on in this process ($SUBMITIT_PREEMPT_SIGNAL, SIGUSR2 by default)."""
+    from submitit import JobEnvironment
+
+    found = getattr(signal, "SIG" + str(JobEnvironment.USR_SIG), None)
+    return (found,) if found is not None else ()
+
+
+def timeouts_left(handler, budget: int) -> int:
+    """How many time limits submitit's job pickle still allows (its countdown), `budget` where it keeps none."""
+    return getattr(getattr(handler, "_delayed", None), "_timeout_countdown", budget)
+
+
+def requeue(handler, signum: int, timed_out: bool, countdown: int) -> tuple[bool, str]:
+    """submitit's requeue of this job (`checkpoint_and_try_requeue`), told whether this is a time limit and how many
+    time limits are left: (requeued, why not)."""
+    from submitit.core.utils import UncompletedJobError
+
+    handler.has_timed_out = lambda: timed_out
+    handler._delayed._timeout_countdown = countdown
+    try:
+        handler.checkpoint_and_try_requeue(signum)
+        return False, "submitit did not requeue it"
+    except SystemExit:  # submitit's way out once the job is requeued
+        return True, ""
+    except UncompletedJobError as e:
+        return False, f"submitit did not requeue it ({e})"
+    except (OSError, subprocess.SubprocessError) as e:  # scontrol refused
+        return False, f"scontrol requeue failed ({e})"
+    finally:
+        del handler.has_timed_out

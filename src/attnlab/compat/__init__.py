@@ -1,0 +1,217 @@
+"""The private names of other packages that attnlab relies on (Lightning, torchmetrics, torch, Hydra), in one place.
+
+Each package is bounded below its next release that may move them (pyproject.toml). tests/test_compat.py checks that
+every name used here exists in the installed versions, so a release that moves one fails there, by name, instead of
+deep in a run, and that no other module imports a private name (submitit's are the SLURM bridge's). Importing it
+imports none of them: each is imported where it is used (ModelCheckpoint's internals: checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+
+log = logging.getLogger("attnlab")
+
+
+# ---- Lightning
+def has_trainer(module) -> bool:
+    """Whether a LightningModule is attached to a Trainer (its `trainer` property raises when it is not)."""
+    return module._trainer is not None
+
+
+def logs_this_step(trainer) -> bool:
+    """Whether the loggers write on this step (every trainer.log_every_n_steps, and every step of a fast_dev_run)."""
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
+
+def keep_own_batch_sampler(trainer) -> None:
+    """The data's batch sampler shards by rank itself: Lightning must not wrap it in a DistributedSampler."""
+    trainer._accelerator_connector.use_distributed_sampler = False
+
+
+def restore_loader_position(trainer) -> None:
+    """Load the training DataLoader's saved position now, and start the epoch's iterator again from it.
+
+    Lightning loads it only when it sets up the training data after the checkpoint was read, and only for a
+    checkpoint written mid-epoch; a schedule that asks for `trainer.estimated_stepping_batches` sets the data up
+    earlier, and the saved position would be dropped."""
+    loop = trainer.fit_loop
+    states = getattr(loop, "_combined_loader_states_to_load", None)
+    if not states or loop._combined_loader is None:
+        return
+    # also when the checkpoint was written at an epoch's end, where Lightning does not count the run as
+    # restarting: the loader then starts the next epoch, with the random state of the save point
+    loop._combined_loader._load_state_dicts(states)
+    loop._combined_loader_states_to_load = []
+    if loop._data_fetcher is not None:
+        iter(loop._data_fetcher)  # the iterator made before the state was loaded started at the epoch's start
+
+
+def redo_interrupted_validation(checkpoint: dict) -> None:
+    """Make a checkpoint saved while fit's validation was under way (a stop after one of its batches) resume that
+    validation from its first batch. As saved, Lightning resumes it past the validation (the epoch's last training
+    batch counts as done), which then never runs: a stop during the last validation would leave the run without its
+    validation metrics. The validation loop's progress is set to Lightning's own state of a save inside a
+    validation batch ("restarted mid-evaluation", whose validation Lightning runs before training on), with no
+    batch done, so the whole validation runs again."""
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.val_loop.batch_progress")
+    if not progress:
+        return
+    before = progress["total"]["completed"] - progress["current"]["completed"]  # the earlier validations' batches
+    progress["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
+    progress["current"] = {"ready": 0, "started": 0, "processed": 0, "completed": 0}
+    progress["is_last_batch"] = False
+
+
+def validates_after_this_batch(trainer) -> bool:
+    """Whether a validation runs right after the training batch that just ended (the end of an epoch, or
+    `val_check_interval`): Lightning's own decision (`_should_check_val_fx`)."""
+    loop = trainer.fit_loop
+    fetcher = loop._data_fetcher
+    return fetcher is not None and bool(loop.epoch_loop._should_check_val_fx(fetcher))
+
+
+def stop_after_this_step(trainer) -> None:
+    """Stop training at the end of the current step, as Lightning stops on SIGTERM: a SIGTERMException, on which the
+    checkpoint callbacks' on_exception save. Each process checks its own flag: in a run of several, set it in all of
+    them after the same step."""
+    trainer._signal_connector.received_sigterm = True
+
+
+@contextlib.contextmanager
+def logging_off(module) -> Iterator[None]:
+    """Run a LightningModule's step outside the trainer: its `log`, `log_dict` and attnlab's `log_train_loss` do
+    nothing meanwhile (they would ask the trainer for its loop state)."""
+    names = [n for n in ("log", "log_dict", "log_train_loss") if callable(getattr(type(module), n, None))]
+    for name in names:
+        setattr(module, name, lambda *a, **k: None)
+    try:
+        yield
+    finally:
+        for name in names:
+            delattr(module, name)  # the class's method again
+
+
+# ---- torchmetrics
+def metric_defaults(metric) -> dict:
+    """A torchmetrics Metric's states as they are after `reset()`, by name."""
+    return dict(metric._defaults)
+
+
+def metric_state(metric) -> dict:
+    """A Metric's states and update count now, for `restore_metric_state`."""
+    return {name: getattr(metric, name) for name in metric._defaults} | {"_update_count": metric._update_count}
+
+
+def restore_metric_state(metric, state: dict) -> None:
+    for name, value in state.items():
+        setattr(metric, name, value)
+
+
+# ---- torch, Hydra: private modules and objects, each behind one name here
+def tree_leaves(tree) -> list:
+    """torch's pytree leaves (torch.utils._pytree): every tensor of a nested batch, as torch flattens it."""
+    from torch.utils._pytree import tree_leaves as leaves
+
+    return leaves(tree)
+
+
+def tree_map(fn, tree):
+    from torch.utils._pytree import tree_map as mapped
+
+    return mapped(fn, tree)
+
+
+def fake_tensor_mode(**kwargs):
+    """torch's FakeTensorMode: tensors with shapes and dtypes but no storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(**kwargs)
+
+
+def dispatch_mode_class() -> type:
+    """torch's TorchDispatchMode, the base of a mode that sees every op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def activation_checkpointing() -> tuple[type, Callable]:
+    """(CheckpointWrapper, apply_activation_checkpointing): torch's wrapper that recomputes a block's activations."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+    )
+
+    return CheckpointWrapper, apply_activation_checkpointing
+
+
+def weights_only_globals() -> set[str]:
+    """The globals torch.load(weights_only=True) admits (torch._weights_only_unpickler), the user's added ones too."""
+    from torch import _weights_only_unpickler as restricted
+
+    return set(restricted._get_allowed_globals()) | set(restricted._get_user_allowed_globals())
+
+
+def dcp_load_whole(state_dict: dict, reader, planner) -> None:
+    """torch.distributed.checkpoint's loading of a whole state dict without a process group (`_load_state_dict`, what
+    its public `dcp_to_torch_save` calls)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    _load_state_dict(state_dict, storage_reader=reader, planner=planner, no_dist=True)
+
+
+def dcp_empty_planner_class() -> type:
+    """DCP's `_EmptyStateDictLoadPlanner`: a load planner that builds the state dict from the metadata."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+    return _EmptyStateDictLoadPlanner
+
+
+def lightning_load_state(cls, checkpoint: dict, **kwargs):
+    """Lightning's `_load_state`: what `load_from_checkpoint` does with a checkpoint dict already read."""
+    from lightning.pytorch.core.saving import _load_state
+
+    return _load_state(cls, checkpoint, **kwargs)
+
+
+def migrate_checkpoint(checkpoint: dict) -> dict:
+    """Lightning's upgrade of a checkpoint written by an older version (`_pl_migrate_checkpoint`)."""
+    from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
+
+    return _pl_migrate_checkpoint(checkpoint, checkpoint_path=None)
+
+
+def apply_overrides(cfg, overrides: list) -> None:
+    """Hydra's application of parsed overrides to a composed config (ConfigLoaderImpl._apply_overrides_to_config)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
+
+
+def hydra_args_parser():
+    """Hydra's own parser of the command line (hydra._internal.utils.get_args_parser): its flags and overrides."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+def pin_hydra_mode(mode: str | None) -> None:
+    """Hydra composes the whole config once only to read `hydra.mode` (Hydra.get_mode), then again to run it; where
+    the entry point has just read the mode from the same command line, that first composition is skipped, once (the
+    next command of the process composes again)."""
+    if mode is None:
+        return
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    original = Hydra.get_mode
+
+    def get_mode(self, config_name, overrides):
+        Hydra.get_mode = original
+        return RunMode[mode] if mode else None
+
+    Hydra.get_mode = get_mode

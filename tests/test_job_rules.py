@@ -1,0 +1,82 @@
+"""The rules of a job's life (attnlab.cluster.rules.decide), without a cluster: a table of the cases a user meets,
+and the properties that hold for any event in any state."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnlab.cluster.outcome import COUNTED, AttemptEnd, Cause, Outcome
+from attnlab.cluster.rules import STOPPED_STATUS, Decision, Event, JobState, decide
+from attnlab.cluster.exit import STOPPED
+
+SLURM = JobState(in_slurm=True, budget=2)
+
+# (event, state) -> (status, save, requeue, exit code, at once)
+TABLE = [
+    (Event.FINISHED, JobState(), ("finished", False, False, 0, False)),
+    (Event.STARTED, SLURM, ("running", False, False, None, False)),
+    (Event.STARTED, JobState(in_slurm=True, budget=2, spent=3), ("failed: a peer was lost, not requeued", False,
+                                                                 False, 1, True)),
+    (Event.SIGTERM, JobState(step_s=1.0), ("stopped", True, False, 143, False)),
+    (Event.SIGTERM, JobState(step_s=45.0), ("stopped at once: SIGTERM while a step has run for 45 s", False, False,
+                                            143, True)),
+    (Event.SIGTERM_AGAIN, JobState(), ("stopped at once: a second SIGTERM", False, False, 143, True)),
+    (Event.WARNING, JobState(in_slurm=True, budget=2, cause=Cause.TIME_LIMIT, spent=1),
+     ("requeued: time limit", True, True, 143, False)),
+    (Event.WARNING, JobState(in_slurm=True, budget=2, cause=Cause.TIME_LIMIT, spent=2),
+     ("stopped: time limit, not requeued", True, False, 143, False)),
+    (Event.WARNING, JobState(in_slurm=True, budget=2, cause=Cause.PREEMPTED, spent=9),  # preemptions are not counted
+     ("requeued: preempted", True, True, 143, False)),
+    (Event.WARNING, JobState(in_slurm=True, cause=Cause.SLURM_WARNING), ("requeued: SLURM's warning", True, True, 143,
+                                                                         False)),
+    (Event.REQUEUE_REFUSED, JobState(in_slurm=True, cause=Cause.PREEMPTED),
+     ("stopped: preempted, not requeued", False, False, 143, False)),
+    (Event.PEER_FAILED, JobState(in_slurm=True, detail="rank 1"), ("failed: rank 1 failed", False, False, 1, False)),
+    (Event.PEER_LOST, JobState(in_slurm=True, budget=2, spent=1), ("requeued: a peer was lost", False, True, 143,
+                                                                   True)),
+    (Event.PEER_LOST, JobState(in_slurm=True, budget=2, spent=2), ("failed: a peer was lost, not requeued", False,
+                                                                   False, 1, True)),
+    (Event.PEER_LOST, JobState(), ("failed: a peer was lost, not requeued", False, False, 1, False)),
+]
+
+
+@pytest.mark.parametrize("event, state, expected", TABLE, ids=[f"{e.name}-{i}" for i, (e, _, _) in enumerate(TABLE)])
+def test_what_happens_in_each_case(event, state, expected):
+    d = decide(event, state)
+    assert (d.end.status, d.save, d.requeue, d.exit_code, d.at_once) == expected
+
+
+def test_the_stopped_status_is_the_one_the_process_exits_with():
+    assert STOPPED_STATUS == STOPPED == 143
+
+
+states = st.builds(JobState, in_slurm=st.booleans(), cause=st.none() | st.sampled_from(list(Cause)),
+                   spent=st.integers(0, 6), budget=st.integers(0, 4), step_s=st.floats(0, 120),
+                   patience_s=st.floats(1, 60), detail=st.text(max_size=20))
+
+
+@given(event=st.sampled_from(list(Event)), state=states)
+def test_any_event_in_any_state(event, state):
+    d = decide(event, state)
+    assert isinstance(d, Decision)
+    # the exit status says how the attempt ended, as a scheduler reads it
+    expected_code = {Outcome.FINISHED: 0, Outcome.REQUEUED: 143, Outcome.STOPPED: 143, Outcome.FAILED: 1,
+                     Outcome.RUNNING: None}[d.end.outcome]
+    assert d.exit_code == expected_code
+    assert d.requeue == (d.end.outcome is Outcome.REQUEUED)
+    # a counted cause is never requeued past its budget; nothing is requeued where no scheduler can continue it
+    if d.requeue:
+        assert not d.forbid_requeue
+        assert d.end.cause not in COUNTED or state.spent < state.budget
+        assert state.in_slurm or event is Event.WARNING
+    # a preemption (or a warning of one's own script) is always requeued: it is not the run's fault
+    if event is Event.WARNING and state.cause in (Cause.PREEMPTED, Cause.SLURM_WARNING, None):
+        assert d.requeue and d.save
+    # a stop at once saves nothing (the step may never end); a bug in a rank never requeues
+    assert not (d.at_once and d.save)
+    if event is Event.PEER_FAILED:
+        assert d.end.outcome is Outcome.FAILED and not d.requeue
+    # what the run writes is what the sweep driver reads back
+    assert AttemptEnd.of(d.end.record()) == d.end and d.end.status
