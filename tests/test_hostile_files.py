@@ -407,12 +407,13 @@ def test_restored_callback_paths_outside_the_run_are_dropped(tmp_path):
     inside = str(ckpts / "epoch=1.ckpt")
     state = {"monitor": "val/acc", "best_model_path": inside, "last_model_path": f"local://{tmp_path}",
              "kth_best_model_path": "/etc/passwd", "best_k_models": {inside: 0.5, "s3://bucket/x.ckpt": 0.1,
-                                                                     f"{ckpts}/../../other.ckpt": 0.2},
+                                                                     f"{ckpts}/../../other.ckpt": 0.2,
+                                                                     "victims/notes.txt": 0.3},  # the cwd's
              "nested": {"file": "notes.txt", "steps": [1, 2]}, "dirpath": "/elsewhere"}
     kept, gone = confined(state, str(ckpts))
     assert kept == {"monitor": "val/acc", "best_model_path": inside, "last_model_path": "", "kth_best_model_path": "",
                     "best_k_models": {inside: 0.5}, "nested": {"file": "", "steps": [1, 2]}, "dirpath": "/elsewhere"}
-    assert len(gone) == 5
+    assert len(gone) == 6
 
 
 def test_a_checkpoint_outside_the_run_is_never_removed(tmp_path):

@@ -71,8 +71,10 @@ def _hostile_value(kind: str, name: str, marker: Path, victims: Path, data):
         node = {"command": touch, "args": ["touch", str(marker)], "filename": str(victims / "log.txt"), "mode": "w"}
         return Merge({data.draw(st.sampled_from(["net", "_target_"]), "name key"): name, **node})
     if kind == "outside_path":
+        # the command runs in the victims' parent folder: a relative path is one of the forms
         return data.draw(st.sampled_from([f"local://{victims / 'folder'}", f"local://{victims / 'log.txt'}",
-                                          str(victims / "folder"), f"{victims}/../{victims.name}/folder"]))
+                                          str(victims / "folder"), f"{victims}/../{victims.name}/folder",
+                                          f"{victims.name}/folder", f"{victims.name}/log.txt"]))
     if kind == "secret":
         return SECRET
     return "${oc.env:" + data.draw(st.sampled_from([SECRET_NAME, PLAIN_NAME]), "variable") + "}"
@@ -168,7 +170,8 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
         args = [*args, "trainer.max_epochs=2"]  # a resumed run trains on, and saves again
     env = {"ATTNLAB_LOG_DIR": str(out / "logs"), "ATTNLAB_CACHE_DIR": str(out / "cache"),
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", SECRET_NAME: SECRET, PLAIN_NAME: PLAIN}
-    result = _run_in_process({"name": "drawn", "script": script, "args": args, "cwd": str(out / "modules"),
+    cwd = out if kind == "outside_path" else out / "modules"
+    result = _run_in_process({"name": "drawn", "script": script, "args": args, "cwd": str(cwd),
                               "env": env})
     note = f"{place}/{kind}/{entry}/{name}: {result['output'][-3000:]}"
     assert not marker.exists(), note
@@ -200,3 +203,49 @@ def _run_in_process(case: dict) -> dict:
                 if h not in lg.handlers:
                     lg.addHandler(h)
         logging.getLogger().setLevel(level)
+
+
+# the forms a path to the same place can take, as a restored state could give it to Lightning's removal
+FORMS = ["absolute", "relative", "dotdot", "local", "file", "through_link", "trailing_slash"]
+
+
+@settings(max_examples=4 * EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(form=st.sampled_from(FORMS), target=st.sampled_from(["victims", "victims/notes.txt", "checkpoints/..",
+                                                            "checkpoints/epoch=0.ckpt", "checkpoints"]))
+def test_lightnings_removal_removes_only_files_of_the_runs_checkpoint_folder(tmp_path_factory, form, target):
+    """Whatever path a callback's state holds when Lightning prunes it (the top-k one no longer best, last.ckpt's
+    previous file), only a file inside the run's checkpoint folder is removed: a folder outside, a file outside,
+    the folder itself, in any form (relative to the working folder, through `..`, a protocol, a link inside the
+    folder to a folder outside)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    from attnlab.callbacks import ModelCheckpoint
+
+    top = tmp_path_factory.mktemp("removal")
+    ckpts = top / "run" / "checkpoints"
+    (top / "victims").mkdir()
+    (top / "victims" / "notes.txt").write_text("outside\n")
+    ckpts.mkdir(parents=True)
+    (ckpts / "epoch=0.ckpt").write_text("own\n")
+    (ckpts / "elsewhere").symlink_to(top / "victims")
+    place = top / "run" / target if target.startswith("checkpoints") else top / target
+    path = {"absolute": str(place), "relative": os.path.relpath(place, top),
+            "dotdot": f"{ckpts}/../../{os.path.relpath(place, top)}", "local": f"local://{place}",
+            "file": f"file://{place}", "trailing_slash": f"{place}/",
+            "through_link": str(ckpts / "elsewhere" / os.path.relpath(place, top / "victims"))}[form]
+    own = target == "checkpoints/epoch=0.ckpt" and form in ("absolute", "relative", "dotdot")
+    cwd = os.getcwd()
+    os.chdir(top)
+    try:
+        callback = ModelCheckpoint(dirpath=str(ckpts))
+        io = TorchCheckpointIO()
+        callback._remove_checkpoint(SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(
+            remove_checkpoint=io.remove_checkpoint)), path)
+    finally:
+        os.chdir(cwd)
+    assert (top / "victims" / "notes.txt").read_text() == "outside\n", path
+    assert ckpts.is_dir() and (top / "run").is_dir(), path  # (a link of the folder is a file of it)
+    if own:  # a file of the folder, however it is named, is still removed
+        assert not (ckpts / "epoch=0.ckpt").exists(), path

@@ -169,7 +169,8 @@ def confined(state: Any, dirpath: str | None, key: Any = None) -> tuple[Any, lis
             if k == "dirpath":
                 kept[k] = v
                 continue
-            if isinstance(k, str) and _is_path(None, k) and not holds(dirpath, k):  # best_k_models: path -> score
+            # best_k_models: path -> score, each key a path whatever its form (a relative one is the cwd's)
+            if isinstance(k, str) and (key == "best_k_models" or _is_path(None, k)) and not holds(dirpath, k):
                 gone.append(k)
                 continue
             value, lost = confined(v, dirpath, k)

@@ -118,10 +118,12 @@ def holds(dirpath: str | None, path: str) -> bool:
         return str(path).startswith(str(dirpath).rstrip("/") + "/") and ".." not in str(path).split("/")
     if not _is_local_file_protocol(path) or str(path).startswith("file:"):
         return False
-    real = os.path.realpath(os.path.dirname(os.path.abspath(os.path.expanduser(str(path)))))
-    top = os.path.realpath(dirpath)
-    return (real == top or real.startswith(top.rstrip(os.sep) + os.sep)) and os.path.basename(str(path)) not in (
-        "", ".", "..")
+    top, text = os.path.realpath(dirpath), os.path.expanduser(str(path))
+    # its folder as the system finds it (a link before a `..` followed), and as the path reads once normalized
+    found = os.path.realpath(os.path.dirname(text) or os.curdir)
+    read = os.path.realpath(os.path.dirname(os.path.abspath(text)))
+    return all(d == top or d.startswith(top.rstrip(os.sep) + os.sep) for d in (found, read)) and (
+        os.path.basename(text) not in ("", ".", ".."))
 
 
 def _is_link(path: str) -> bool:
