@@ -70,7 +70,7 @@ def steady_tokens_per_s(run_dir: Path) -> float:
 
 def bare(steps: int, cache: str) -> None:
     """The same model, data and optimization in a plain loop (runs in its own process; prints JSON)."""
-    from attnlab.data.text import TextDataModule
+    from attnlab.data.text.corpus import TextDataModule
 
     dm = TextDataModule(name="tinyshakespeare", files=[os.environ["ATTNLAB_DATA_DIR"] + "/tinyshakespeare/input.txt"],
                         block_size=BLOCK, batch_size=BATCH, seed=1337, cache_dir=cache)

@@ -43,7 +43,7 @@ SIDES = {"cpu": ("cpu", 0), "gpu": ("gpu", 0), "gpu, 2 ahead": ("gpu", 2)}
 
 
 def data_module(root: Path, side: str, args):
-    from attnlab.data.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
 
     decode, ahead = SIDES[side]
     dm = ImageFolderDataModule(root=str(root), decode=decode, decode_ahead=ahead, augment=RECIPE, image_size=224,
@@ -93,7 +93,7 @@ def swin_step(batch_size: int):
 def same_as_on_the_cpu(root: Path, n: int = 32) -> float:
     """The mean absolute difference, in levels, of the evaluation crops of `n` files decoded by nvJPEG on the GPU
     and by libjpeg-turbo on the CPU (the same crop): the decoders' own rounding."""
-    from attnlab.data.device_decode import DeviceDecoder, EncodedFile
+    from attnlab.data.images.device_decode import DeviceDecoder, EncodedFile
 
     files = sorted((root / "train").rglob("*.JPEG"))[:n]
     decoder, encoded = DeviceDecoder(224, 3, RECIPE), [EncodedFile().from_path(str(f)) for f in files]
@@ -105,7 +105,7 @@ def same_as_on_the_cpu(root: Path, n: int = 32) -> float:
 def decode_and_crop_times(root: Path, batch: int, repeats: int = 10) -> dict[str, float]:
     """Milliseconds per batch of decode=gpu's two parts on the GPU, each synchronized: nvJPEG's decode of `batch`
     files, and the training crops of the decoded batch; and the host's time to issue the crops' kernels."""
-    from attnlab.data.device_decode import DeviceDecoder, EncodedFile
+    from attnlab.data.images.device_decode import DeviceDecoder, EncodedFile
 
     files = sorted((root / "train").rglob("*.JPEG"))[:batch]
     decoder, encoded = DeviceDecoder(224, 3, RECIPE), [EncodedFile().from_path(str(f)) for f in files]
@@ -129,8 +129,8 @@ def transfer_rates(root: Path, args) -> dict[str, list[float]]:
     """decode=gpu's training loader without a GPU: images/s of the workers' batches (each file read, its header
     parsed) reaching the step, the JPEGs' bytes in one tensor per batch (EncodedBatch) against one tensor per image;
     alternated, one epoch each after a warm-up epoch."""
-    from attnlab.data.device_decode import collate
-    from attnlab.data.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.device_decode import collate
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
 
     def per_image(samples):
         images, labels = zip(*samples)

@@ -231,8 +231,8 @@ def stage_costs(files: list[Path], repeats: int = 3) -> dict[str, tuple[float, f
 
     from torchvision.transforms.functional import resized_crop
 
-    from attnlab.data.file_transforms import EncodedImage, _to_chw
-    from attnlab.data.transforms import train_transform
+    from attnlab.data.images.file_transforms import EncodedImage, _to_chw
+    from attnlab.data.images.transforms import train_transform
 
     torch.set_num_threads(1)
     tf = train_transform(224, 3, {"scale": [0.08, 1.0], "hflip": 0.5, "auto_augment": AUTO_AUGMENT,
@@ -290,7 +290,8 @@ def main() -> None:
     import timm
     import torch
 
-    from attnlab.data import file_transforms, warp_ops
+    from attnlab.data.images import file_transforms
+    from attnlab.data.images import warp_ops
 
     root = make_tree(args.root / str(args.images), args.images)
     files = files_of(root, args.images)

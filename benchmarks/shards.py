@@ -80,7 +80,7 @@ class Decoded:
 def data_module(kind: str, root: Path, args):
     from omegaconf import OmegaConf
 
-    from attnlab.data.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
 
     augment = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "data" / "imagefolder.yaml").augment)
     dm = ImageFolderDataModule(root=str(root / ("tree" if kind == "folder" else "shards")), format=kind,

@@ -187,7 +187,7 @@ def test_a_terminal_too_narrow_for_run_and_status_lists_each_run_sideways(tmp_pa
 # ---- k-fold cross-validation
 
 def test_folds_partition_train_and_val_stratified_and_leave_test_out(tmp_path):
-    from attnlab.data.digits import DigitsDataModule
+    from attnlab.data.images.digits import DigitsDataModule
 
     sets = []
     for fold in range(3):
@@ -222,7 +222,7 @@ def _image_tree(root, layout: str) -> None:
 
 @pytest.mark.parametrize("layout", ["flat", "train_val", "train_val_test"])
 def test_image_folds_partition_train_and_val_and_leave_test_out(tmp_path, layout):
-    from attnlab.data.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
 
     _image_tree(tmp_path, layout)
 
@@ -252,7 +252,7 @@ def test_image_folds_partition_train_and_val_and_leave_test_out(tmp_path, layout
     (300, 0, r"data.folds=300: class \S+ has \d+ example\(s\) .* fewer than the folds"),
 ])
 def test_bad_folds_are_refused(small_data, tmp_path, folds, fold, message):
-    from attnlab.data.text_classification import TextClassificationDataModule
+    from attnlab.data.text.classification import TextClassificationDataModule
     from attnlab.errors import UserError
 
     dm = TextClassificationDataModule(root=str(small_data / "sst2"), folds=folds, fold=fold,

@@ -173,3 +173,27 @@ def test_the_entry_configs_and_the_run_settings_agree_on_every_default():
             if isinstance(value, dict) and default is None:  # a group of settings, all unset, is no setting
                 value = None if all(v is None for v in value.values()) else value
             assert value == default, f"conf/{entry}.yaml: {key}: {value!r}, RunSettings: {default!r}"
+
+
+def test_a_target_named_before_the_data_modules_moved_still_builds():
+    """Run folders and checkpoints written before attnlab.data's flat modules moved into subpackages name their
+    classes by the old dotted paths: each resolves to the class of today's layout, and the trust rule admits the old
+    name of a packaged data module as it admits the new one."""
+    import importlib
+    import inspect
+
+    from hydra.utils import get_object
+
+    from attnlab.checkpoints import trust
+    from attnlab.config import MOVED_MODULES, current_target
+
+    for old, new in MOVED_MODULES.items():
+        module = importlib.import_module(new)
+        classes = [name for name, obj in vars(module).items() if inspect.isclass(obj) and obj.__module__ == new]
+        for name in classes:
+            assert get_object(current_target(f"{old}.{name}")) is getattr(module, name), (old, name)
+    assert get_object(current_target("attnlab.data.segmentation.VOCDataModule")).__name__ == "VOCDataModule"
+    for name in ("attnlab.data.cifar.CIFARDataModule", "attnlab.data.text.TextDataModule",
+                 "attnlab.data.segmentation.ADE20KDataModule"):
+        assert trust.decide("callable", name, "data._target_"), name
+    assert not trust.decide("callable", "attnlab.data.cifar.os.system", "data._target_")

@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 
 from attnlab.cli.app import user_message
-from attnlab.data.cifar import CIFARDataModule
-from attnlab.data.digits import DigitsDataModule
-from attnlab.data.imagefolder import ImageFolderDataModule
-from attnlab.data.imagenet import ImageNetDataModule
-from attnlab.data.mnist import MNISTDataModule
+from attnlab.data.images.cifar import CIFARDataModule
+from attnlab.data.images.digits import DigitsDataModule
+from attnlab.data.images.imagefolder import ImageFolderDataModule
+from attnlab.data.images.imagenet import ImageNetDataModule
+from attnlab.data.images.mnist import MNISTDataModule
 from attnlab.errors import UserError
 from conftest import real_data
 
@@ -287,12 +287,12 @@ def test_the_digits_are_scikit_learns_own_read_without_importing_it():
 
     from sklearn.datasets import load_digits as sklearn_digits
 
-    from attnlab.data.digits import load_digits
+    from attnlab.data.images.digits import load_digits
 
     images, targets = load_digits()
     theirs = sklearn_digits()
     assert images.shape == (1797, 8, 8) and (images == theirs.images).all() and (targets == theirs.target).all()
-    code = ("import sys; from attnlab.data.digits import DigitsDataModule as D; d = D(); d.setup('fit'); "
+    code = ("import sys; from attnlab.data.images.digits import DigitsDataModule as D; d = D(); d.setup('fit'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

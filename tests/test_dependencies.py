@@ -72,7 +72,7 @@ def trainer():
 def test_trainer_connectors(trainer):
     # tasks/base.py logs train/loss only on the steps the loggers write
     assert isinstance(trainer._logger_connector.should_update_logs, bool), "Trainer._logger_connector.should_update_logs"
-    # data/translation.py: its batch samplers shard by rank, so Lightning must not replace them
+    # data/translation/datamodule.py: its batch samplers shard by rank, so Lightning must not replace them
     assert isinstance(trainer._accelerator_connector.use_distributed_sampler, bool), \
         "Trainer._accelerator_connector.use_distributed_sampler"
 
@@ -125,7 +125,7 @@ def test_the_installed_versions_are_within_the_bounds():
 
 
 def test_litdata_loader_state_and_distributed_env():
-    # data/shard_loader.py: the run's epoch given to the loader unless it resumes (restore), the layout a state was
+    # data/formats/shard_loader.py: the run's epoch given to the loader unless it resumes (restore), the layout a state was
     # saved with (its keys), the dataset's distributed_env rebuilt from its type for the trainer's world and rank
     from litdata import StreamingDataLoader, StreamingDataset
     from litdata.utilities.env import _DistributedEnv

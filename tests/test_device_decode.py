@@ -1,4 +1,4 @@
-"""data.decode=gpu (attnlab/data/device_decode.py) on the CPU: the workers' bytes, the decode onto the batch's device
+"""data.decode=gpu (attnlab/data/images/device_decode.py) on the CPU: the workers' bytes, the decode onto the batch's device
 (torchvision's, nvJPEG on a GPU, libjpeg-turbo here), timm's crop draws, the evaluation crop against the CPU path's,
 and the refusals. The GPU itself is measured by benchmarks/gpu_decode.py (docs/benchmarks.md)."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from attnlab.data.device_decode import DeviceDecoder, EncodedFile, check_decode, check_device, collate
-from attnlab.data.imagefolder import ImageFolderDataModule
-from attnlab.data.transforms import BatchNormalizer, eval_transform
+from attnlab.data.images.device_decode import DeviceDecoder, EncodedFile, check_decode, check_device, collate
+from attnlab.data.images.imagefolder import ImageFolderDataModule
+from attnlab.data.images.transforms import BatchNormalizer, eval_transform
 from attnlab.errors import UserError
 from test_file_transforms import _photo
 

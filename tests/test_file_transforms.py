@@ -1,4 +1,4 @@
-"""The image files' transforms (data/file_transforms.py) give each sample timm's augmentation, not a cheaper one: the
+"""The image files' transforms (data/images/file_transforms.py) give each sample timm's augmentation, not a cheaper one: the
 same draws (crop scale and ratio, flips, RandAugment's ops and magnitudes) from the same generators, on nearly the same
 pixels; a reduced-size decode for evaluation leaves a trained network's predictions as they were; the odd files of
 ImageNet (CMYK, a PNG named .JPEG, grayscale) read as Pillow reads them."""
@@ -14,9 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from attnlab.data import file_transforms, warp_ops
-from attnlab.data.file_transforms import EvalFromFile, TrainFromFile
-from attnlab.data.transforms import eval_transform, train_transform
+from attnlab.data.images import file_transforms
+from attnlab.data.images import warp_ops
+from attnlab.data.images.file_transforms import EvalFromFile, TrainFromFile
+from attnlab.data.images.transforms import eval_transform, train_transform
 
 SWIN = {"scale": [0.08, 1.0], "hflip": 0.5, "auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25,
         "re_mode": "pixel", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
@@ -214,7 +215,7 @@ def test_random_erasing_on_cpu_is_timms_on_one_thread():
     thread count as it was."""
     from timm.data.random_erasing import RandomErasing
 
-    from attnlab.data.transforms import BatchNormalizer
+    from attnlab.data.images.transforms import BatchNormalizer
 
     norm = BatchNormalizer(SWIN["mean"], SWIN["std"], re_prob=0.5, re_mode="pixel")
     x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
@@ -242,7 +243,7 @@ def test_the_shards_bytes_give_what_the_file_gives(tmp_path):
 @pytest.mark.parametrize("name", sorted(warp_ops.GEOMETRIC - {"TranslateX", "TranslateY"}))
 def test_the_geometric_ops_warp_with_opencv_as_pillow_does(name):
     """Each geometric op of RandAugment (timm's AugmentOp, magnitude 9), once by timm on Pillow and once through
-    data/warp_ops.py on OpenCV, from the same draws: the same generators' state after, the same fill colour where the
+    data/images/warp_ops.py on OpenCV, from the same draws: the same generators' state after, the same fill colour where the
     warp leaves the image, and within half a level on average (OpenCV's bicubic kernel against Pillow's; a band of a
     pixel at the edges, blended with the fill where Pillow cuts)."""
     from timm.data.auto_augment import AugmentOp
@@ -282,7 +283,7 @@ def test_opencv_leaves_the_environment_as_it_was():
     import subprocess
     import sys
 
-    check = ("import os; from attnlab.data import warp_ops; before = dict(os.environ); "
+    check = ("import os; from attnlab.data.images import warp_ops; before = dict(os.environ); "
              "assert warp_ops.opencv().getNumThreads() == 1; assert dict(os.environ) == before, "
              "set(os.environ.items()) ^ set(before.items())")
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)

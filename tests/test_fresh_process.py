@@ -88,7 +88,7 @@ def image_of(data: Path, task: str, folder: Path) -> Path:
 
         return Path(shutil.copy(next((data / "isbi2012_em_membrane" / "image").glob("*.png")), folder / IMAGE))
     if task == "image classification":
-        from attnlab.data.digits import load_digits
+        from attnlab.data.images.digits import load_digits
 
         pixels = (load_digits()[0][0] * 255 / 16).astype(np.uint8)
         path = folder / IMAGE

@@ -16,7 +16,7 @@ import yaml
 
 import glue_mini
 from attnlab.compare.glue import glue_table, markdown
-from attnlab.data.glue import GlueDataModule
+from attnlab.data.text.glue import GlueDataModule
 from attnlab.glue_tasks import LEADERBOARD, TASKS
 from attnlab.errors import UserError
 from conftest import FAST, compose_cfg, run_cli
@@ -113,7 +113,7 @@ def test_a_network_that_cannot_regress_and_a_monitor_never_logged_are_refused():
 
 def _write_run(folder: Path, task: str, metrics: dict, **config) -> None:
     folder.mkdir(parents=True)
-    cfg = {"data": {"_target_": "attnlab.data.glue.GlueDataModule", "task": task},
+    cfg = {"data": {"_target_": "attnlab.data.text.glue.GlueDataModule", "task": task},
            "model": {"_target_": "attnlab.tasks.text_classification.TextClassifier"}} | config
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     (folder / "metrics.json").write_text(json.dumps(metrics))
@@ -154,7 +154,7 @@ def test_the_table_and_score_match_a_hand_computed_case(tmp_path, capsys):
     assert f"| mini | {(35 + 82) / 2:.1f}±{spread:.1f} (2 of 9 tasks) | 35.0±7.1 | 82.0±2.8 | – |" in out
     assert f"| bert_base | {hand:.1f} | 52.1 |" in out
     _write_run(tmp_path / "cifar" / "0", "cola", {"test/acc": .9},
-               data={"_target_": "attnlab.data.cifar.CIFAR10DataModule"})
+               data={"_target_": "attnlab.data.images.cifar.CIFAR10DataModule"})
     with pytest.raises(SystemExit) as exit_:
         main(["--glue", str(tmp_path / "cifar")])
     assert exit_.value.code == 2 and "holds no finished run of data=glue" in capsys.readouterr().err

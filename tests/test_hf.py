@@ -278,7 +278,7 @@ def _glue_folder(tmp_path: Path, task: str) -> Path:
 
 
 def test_glue_from_a_saved_dataset_with_pairs_names_and_mcc(tmp_path):
-    from attnlab.data.glue import GlueDataModule
+    from attnlab.data.text.glue import GlueDataModule
 
     dm = GlueDataModule(task="rte", local_path=str(_glue_folder(tmp_path, "rte")), tokenizer_vocab_size=100,
                         cache_dir=str(tmp_path / "cache"), batch_size=4)
@@ -301,7 +301,7 @@ def test_glue_from_a_saved_dataset_with_pairs_names_and_mcc(tmp_path):
 
 
 def test_glue_offline_and_bad_task_are_refused(tmp_path, hub_offline):
-    from attnlab.data.glue import GlueDataModule
+    from attnlab.data.text.glue import GlueDataModule
 
     with pytest.raises(UserError, match="data.task=sts is not a GLUE task: use one of cola, sst2, mrpc, stsb"):
         GlueDataModule(task="sts")

@@ -261,7 +261,7 @@ def test_what_a_file_names_is_built_only_from_the_table_or_the_commands_own_conf
 def test_a_cifar_batch_is_read_without_running_anything(tmp_path):
     import numpy as np
 
-    from attnlab.data.cifar import _unpickle
+    from attnlab.data.images.cifar import _unpickle
 
     batch = {"data": np.arange(12, dtype=np.uint8).reshape(1, 12), "labels": [3], "filenames": [b"a.png"]}
     for protocol in (2, 5):
@@ -297,7 +297,7 @@ def test_token_caches_load_without_pickle(tmp_path):
 
     import numpy as np
 
-    from attnlab.data.token_arrays import _intact
+    from attnlab.data.text.token_arrays import _intact
 
     index = np.array([hostile.Payload(tmp_path / "ran")], dtype=object)
     np.save(tmp_path / "train.docs.npy", index, allow_pickle=True)
@@ -368,7 +368,7 @@ def test_a_cifar_batch_relabelled_as_object_dtype_is_refused(tmp_path):
     """Its int64 bytes would be read as object pointers (a crash, exit 139): the dtype is refused before."""
     import numpy as np
 
-    from attnlab.data.cifar import _unpickle
+    from attnlab.data.images.cifar import _unpickle
 
     for protocol in (2, 5):
         raw = pickle.dumps({"data": np.arange(4, dtype=np.int64), "labels": [1]}, protocol=protocol)

@@ -15,12 +15,12 @@ from PIL import Image
 from timm.data import create_transform
 from timm.data.random_erasing import RandomErasing
 
-from attnlab.data.cifar import CIFARDataModule
-from attnlab.data.digits import DigitsDataModule
-from attnlab.data.imagefolder import ImageFolderDataModule
-from attnlab.data.mnist import MNISTDataModule
+from attnlab.data.images.cifar import CIFARDataModule
+from attnlab.data.images.digits import DigitsDataModule
+from attnlab.data.images.imagefolder import ImageFolderDataModule
+from attnlab.data.images.mnist import MNISTDataModule
 from attnlab.data.synthetic import SyntheticImagesDataModule
-from attnlab.data.transforms import BatchNormalizer, eval_transform, image_stats
+from attnlab.data.images.transforms import BatchNormalizer, eval_transform, image_stats
 
 IMAGENET_STATS = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
@@ -106,7 +106,7 @@ def test_the_batched_affine_is_torchvisions_with_one_draw_per_image(size):
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as TF
 
-    from attnlab.data.transforms import affine, random_affine
+    from attnlab.data.images.transforms import affine, random_affine
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 2, *size, generator=g)
@@ -140,7 +140,7 @@ def test_digits_are_augmented_on_the_device_while_training_only():
 
 
 def _folder_like():
-    from attnlab.data.images import ImageDataModule
+    from attnlab.data.images.base import ImageDataModule
 
     return ImageDataModule(num_classes=2, image_size=8, augment={"re_prob": 1.0})
 
@@ -220,7 +220,7 @@ def test_predict_py_gives_the_probabilities_of_the_device_normalized_batch(tmp_p
     from attnlab.checkpoints.resume import read_run_metadata
     from attnlab.cli.predict import predict
     from attnlab.cli.training import train
-    from attnlab.data.images import FileImages, image_files
+    from attnlab.data.images.base import FileImages, image_files
     from conftest import FAST, compose_cfg
 
     root = _photos(tmp_path / "photos")

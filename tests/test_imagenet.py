@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import imagenet_mini as mini
-from attnlab.data import imagenet_prepare
-from attnlab.data.imagenet import ImageNetDataModule
-from attnlab.data.imagenet_archives import MARKER, STAGING, display_names, find_layout, read_devkit
-from attnlab.data.imagenet_prepare import prepare_imagenet
+from attnlab.data.formats import imagenet_prepare
+from attnlab.data.images.imagenet import ImageNetDataModule
+from attnlab.data.formats.imagenet_archives import MARKER, STAGING, display_names, find_layout, read_devkit
+from attnlab.data.formats.imagenet_prepare import prepare_imagenet
 from attnlab.errors import UserError
 
 TRAIN, VAL = 4 * len(mini.WNIDS), 2 * len(mini.WNIDS)
@@ -222,7 +222,7 @@ def test_ade20k_reports_its_validation_split(monkeypatch):
     import datasets
     from PIL import Image
 
-    from attnlab.data.seg_benchmarks import ADE20KDataModule
+    from attnlab.data.segmentation.benchmarks import ADE20KDataModule
     from attnlab.protocols import data as data_hooks
 
     rows = [{"image": Image.new("RGB", (8, 8)), "annotation": Image.fromarray(np.ones((8, 8), np.uint8))}] * 3
@@ -242,7 +242,7 @@ def test_the_swin_recipe_is_the_official_one(tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from attnlab.data.transforms import BatchNormalizer, train_transform
+    from attnlab.data.images.transforms import BatchNormalizer, train_transform
     from conftest import ROOT, compose_cfg
 
     table = (ROOT / "docs" / "vision.md").read_text().split("### The Swin-T recipe")[1].split("**Fewer GPUs.**")[0]

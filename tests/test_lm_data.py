@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.data import tokenizers as toks
-from attnlab.data.lm_datasets import MaskingCollator, mask_tokens, pack_spans
-from attnlab.data.text import TextDataModule
+from attnlab.data.text import tokenizers as toks
+from attnlab.data.text.lm_datasets import MaskingCollator, mask_tokens, pack_spans
+from attnlab.data.text.corpus import TextDataModule
 from attnlab.errors import UserError
 from conftest import real_data
 
@@ -250,7 +250,7 @@ def test_random_starts_are_split_across_ddp_ranks_and_lightning_leaves_them_unwr
     from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
 
     from attnlab.data.samplers import ResumableDataLoader
-    from attnlab.data.lm_datasets import RandomStarts
+    from attnlab.data.text.lm_datasets import RandomStarts
 
     whole = RandomStarts(1000, 64, seed=3)
     ranks = [RandomStarts(1000, 64, seed=3, num_replicas=2, rank=r) for r in (0, 1)]
@@ -294,7 +294,7 @@ def test_a_damaged_token_cache_is_rebuilt_not_trained_on(tmp_path, caplog, damag
 
 
 def test_ctrl_c_while_tokenizing_leaves_no_temporary_files(tmp_path, monkeypatch):
-    from attnlab.data import token_arrays
+    from attnlab.data.text import token_arrays
 
     chunks = token_arrays._chunks
 
@@ -331,7 +331,7 @@ def test_processes_preparing_the_same_corpus_at_once_share_the_cache(tmp_path, m
     import multiprocessing
     import time
 
-    from attnlab.data import token_arrays as text
+    from attnlab.data.text import token_arrays as text
 
     chunks = text._chunks
 

@@ -122,7 +122,7 @@ def test_predict_streams_text_from_the_checkpoint(small_gpt, log_env):
 
 
 def test_masked_lm_predict_prints_top_fills(capsys):
-    from attnlab.data.tokenizers import MLM_SPECIALS, CharTokenizer
+    from attnlab.data.text.tokenizers import MLM_SPECIALS, CharTokenizer
 
     tok = CharTokenizer("abcdefghijklmnopqrstuvwxyzT ", MLM_SPECIALS)
     model = MaskedLM(vocab_size=tok.vocab_size, max_length=32, n_layer=1, n_head=2, n_embd=16,
@@ -151,7 +151,7 @@ class _Trainer:
 
 
 def test_generated_samples_go_to_a_wandb_table():
-    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.data.text.tokenizers import CharTokenizer
     from attnlab.tasks.language_model import CausalLM
 
     tok = CharTokenizer("abcdefgh \n")
@@ -167,7 +167,7 @@ def test_generated_samples_go_to_a_wandb_table():
 
 
 def test_samples_at_every_nth_validation_and_the_last():
-    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.data.text.tokenizers import CharTokenizer
     from attnlab.tasks.language_model import CausalLM
 
     tok = CharTokenizer("abcdefgh \n")
@@ -184,7 +184,7 @@ def test_samples_at_every_nth_validation_and_the_last():
 
 
 def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):
-    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.data.text.tokenizers import CharTokenizer
     from attnlab.tasks.language_model import CausalLM
 
     tok = CharTokenizer("abcdefgh ")                                 # a corpus without newlines
@@ -202,7 +202,7 @@ def test_a_prompt_the_tokenizer_cannot_encode_falls_back_to_the_data(caplog):
 
 
 def test_masked_lm_text_longer_than_the_model_says_shorten_it():
-    from attnlab.data.tokenizers import MLM_SPECIALS, CharTokenizer
+    from attnlab.data.text.tokenizers import MLM_SPECIALS, CharTokenizer
 
     tok = CharTokenizer("abc ", MLM_SPECIALS)
     model = MaskedLM(vocab_size=tok.vocab_size, max_length=8, n_layer=1, n_head=2, n_embd=16, tokenizer=tok.to_json())

@@ -50,7 +50,7 @@ def test_validation_pictures_go_to_the_run_folder_never_the_working_directory(tm
     membrane recipe was) falls back to the current directory: a checkout, where media/ got committed."""
     import lightning as L
 
-    from attnlab.data.segmentation import SegFolderDataModule
+    from attnlab.data.segmentation.datamodule import SegFolderDataModule
     from attnlab.tasks.segmentation import Segmenter
 
     checkout, run = tmp_path / "checkout", tmp_path / "run"

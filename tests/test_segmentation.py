@@ -15,8 +15,8 @@ from torch import nn
 from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassJaccardIndex
 
 from attnlab.cli.predict import predictor_for
-from attnlab.data import seg_transforms as T
-from attnlab.data.segmentation import MembraneDataModule, SegFolderDataModule
+from attnlab.data.segmentation import transforms as T
+from attnlab.data.segmentation.datamodule import MembraneDataModule, SegFolderDataModule
 from attnlab.errors import UserError
 from attnlab.nn.unet import UNet
 from attnlab.tasks.segmentation import Segmenter, iou_from_confusion, pad_forward, sliding_window

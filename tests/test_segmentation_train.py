@@ -18,8 +18,8 @@ from PIL import Image
 
 from attnlab.cli.predict import predict
 from attnlab.cli.training import train
-from attnlab.data.seg_benchmarks import VOCDataModule
-from attnlab.data.segmentation import MembraneDataModule
+from attnlab.data.segmentation.benchmarks import VOCDataModule
+from attnlab.data.segmentation.datamodule import MembraneDataModule
 from attnlab.errors import UserError
 from attnlab.tasks.seg_weights import border_weights as seg_weights
 from attnlab.tasks.segmentation import Segmenter

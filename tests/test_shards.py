@@ -41,7 +41,7 @@ def _tree(root: Path, per_class: int = 14, size: int = 20) -> list[Path]:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """A tree of 42 JPEGs converted with test_fraction=0 (train 38, val 4): (tree, shards, files)."""
-    from attnlab.data.shards import convert
+    from attnlab.data.formats.shards import convert
 
     base = tmp_path_factory.mktemp("shards")
     files = _tree(base / "tree")
@@ -57,8 +57,8 @@ class Ident:
 
 
 def _loader(shards: Path, batch_size=4, workers=0, seed=3, epoch=None, world=1, rank=0):
-    from attnlab.data.shard_loader import train_loader
-    from attnlab.data.shard_format import read_meta
+    from attnlab.data.formats.shard_loader import train_loader
+    from attnlab.data.formats.shard_format import read_meta
 
     size = read_meta(str(shards))["splits"]["train"]["samples"]
     return train_loader(str(shards / "train"), size, Ident(), batch_size=batch_size, num_workers=workers, seed=seed,
@@ -76,8 +76,8 @@ def _epoch(loader, batches=None) -> list[list[int]]:
 
 
 def test_the_conversion_stores_the_files_bytes_in_a_seeded_random_order(converted, tmp_path):
-    from attnlab.data.shard_loader import streaming_dataset
-    from attnlab.data.shards import META, convert
+    from attnlab.data.formats.shard_loader import streaming_dataset
+    from attnlab.data.formats.shards import META, convert
 
     tree, shards, files = converted
     meta = json.loads((shards / META).read_text())
@@ -143,7 +143,7 @@ def test_a_mid_epoch_resume_from_the_checkpointed_state_continues_with_the_sampl
 RANK = """
 import json, zlib
 import torch, torch.distributed as dist
-from attnlab.data.shard_loader import train_loader
+from attnlab.data.formats.shard_loader import train_loader
 
 class Ident:
     def from_bytes(self, data, mode):
@@ -194,9 +194,9 @@ def test_the_window_shuffle_of_parallel_file_systems_keeps_ranks_disjoint(conver
 def test_a_shard_whose_samples_unpickle_is_refused(tmp_path):
     from litdata import optimize
 
-    from attnlab.data.imagefolder import ImageFolderDataModule
-    from attnlab.data.shard_loader import streaming_dataset
-    from attnlab.data.shards import META
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
+    from attnlab.data.formats.shard_loader import streaming_dataset
+    from attnlab.data.formats.shards import META
 
     out = tmp_path / "shards"
     optimize(fn=_pickled_sample, inputs=list(range(4)), output_dir=str(out / "train"), chunk_bytes="1KB",
@@ -219,7 +219,7 @@ def _pickled_sample(i):
 
 
 def test_a_folder_without_shards_says_how_to_make_them(tmp_path):
-    from attnlab.data.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
 
     _tree(tmp_path / "tree", per_class=2)
     with pytest.raises(UserError, match="python -m attnlab.data.prepare shards <image folder>"):
@@ -233,7 +233,7 @@ def test_train_py_on_shards_resumes_its_epoch_from_the_checkpoint(converted, tmp
     checkpoint, written mid-epoch and read with weights_only=True, holds the loader's position, from which the
     training loader continues with exactly the batches that an uninterrupted epoch has left."""
     from attnlab.cli.training import train
-    from attnlab.data.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
 
     _, shards, _ = converted
     data = ["data=imagefolder", "data.format=shards", f"data.root={shards}", "data.image_size=16",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.cli.training import train
-from attnlab.data.text_classification import TextClassificationDataModule
+from attnlab.data.text.classification import TextClassificationDataModule
 from attnlab.errors import UserError
 from attnlab.nn.bert import BertClassifier, BertClassifierConfig, BertConfig, BertMLM
 from conftest import FAST, compose_cfg, real_data

@@ -12,8 +12,8 @@ import sacrebleu
 import torch
 
 from attnlab.cli.training import train
-from attnlab.data.parallel_sets import BucketBatchSampler
-from attnlab.data.parallel_text import read_pair
+from attnlab.data.translation.parallel_sets import BucketBatchSampler
+from attnlab.data.translation.parallel_text import read_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import beam_search, greedy
 from attnlab.nn.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig

@@ -28,14 +28,35 @@ CONF_DIR = _PACKAGED_CONF if _PACKAGED_CONF.is_dir() else Path(__file__).resolve
 PLATFORM_KEYS = settings.PLATFORM_KEYS
 
 
-# classes that moved, by the `_target_` that configs and checkpoints written before the move name them with
-MOVED_TARGETS = {f"attnlab.data.segmentation.{name}": f"attnlab.data.seg_benchmarks.{name}"
+# what moved, by the names that configs and checkpoints written before the move give it: classes by their whole
+# `_target_`, modules (attnlab.data's flat modules, now in subpackages by what they hold) by their dotted path
+MOVED_TARGETS = {f"attnlab.data.segmentation.{name}": f"attnlab.data.segmentation.benchmarks.{name}"
                  for name in ("ADE20KDataModule", "VOCDataModule")}
+MOVED_MODULES = {f"attnlab.data.{old}": f"attnlab.data.{new}" for old, new in (
+    ("cifar", "images.cifar"), ("digits", "images.digits"), ("mnist", "images.mnist"),
+    ("imagefolder", "images.imagefolder"), ("imagenet", "images.imagenet"), ("images", "images.base"),
+    ("transforms", "images.transforms"), ("file_transforms", "images.file_transforms"),
+    ("warp_ops", "images.warp_ops"), ("device_decode", "images.device_decode"),
+    ("text", "text.corpus"), ("text_sources", "text.sources"), ("token_arrays", "text.token_arrays"),
+    ("tokenizers", "text.tokenizers"), ("lm_datasets", "text.lm_datasets"),
+    ("text_classification", "text.classification"), ("glue", "text.glue"),
+    ("translation", "translation.datamodule"), ("parallel_text", "translation.parallel_text"),
+    ("parallel_sets", "translation.parallel_sets"),
+    ("segmentation", "segmentation.datamodule"), ("seg_transforms", "segmentation.transforms"),
+    ("seg_benchmarks", "segmentation.benchmarks"),
+    ("shards", "formats.shards"), ("shard_format", "formats.shard_format"), ("shard_loader", "formats.shard_loader"),
+    ("imagenet_archives", "formats.imagenet_archives"), ("imagenet_prepare", "formats.imagenet_prepare"))}
 
 
 def current_target(target: str) -> str:
-    """A `_target_` as it is named now (MOVED_TARGETS)."""
-    return MOVED_TARGETS.get(str(target), target)
+    """A `_target_` as it is named now (MOVED_TARGETS, MOVED_MODULES); a name of today's layout stays as it is."""
+    target = str(target)
+    if target in MOVED_TARGETS:
+        return MOVED_TARGETS[target]
+    if any(target.startswith(now + ".") for now in MOVED_MODULES.values()):
+        return target
+    module = max((m for m in MOVED_MODULES if target.startswith(m + ".")), key=len, default=None)
+    return target if module is None else MOVED_MODULES[module] + target[len(module):]
 
 
 def prepare(cfg: DictConfig) -> None:

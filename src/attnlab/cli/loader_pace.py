@@ -18,7 +18,7 @@ class LoaderPace:
     decoder: str = ""
     files: bool = True  # the images are decoded from files or shards (not arrays in memory)
     shards: bool = False  # already read from shards (data.format=shards)
-    warps: str = "opencv"  # what warps RandAugment's geometric ops: opencv, or pillow (data/warp_ops.py)
+    warps: str = "opencv"  # what warps RandAugment's geometric ops: opencv, or pillow (data/images/warp_ops.py)
 
     @property
     def slower(self) -> float:
@@ -94,16 +94,16 @@ def _samples(batch) -> int:
 
 def pace(dm, model_s: float | None, batches: int) -> LoaderPace | None:
     """The loader's pace against the model's for an image data module (None for other data, or unmeasured)."""
-    from attnlab.data.images import ImageDataModule
+    from attnlab.data.images.base import ImageDataModule
 
     if not isinstance(dm, ImageDataModule) or not model_s:
         return None
     rate = time_loader(dm, batches)
     if not rate:
         return None
-    from attnlab.data import warp_ops
-    from attnlab.data.file_transforms import decoder
-    from attnlab.data.images import ArrayImages
+    from attnlab.data.images import warp_ops
+    from attnlab.data.images.file_transforms import decoder
+    from attnlab.data.images.base import ArrayImages
     from attnlab.utils.cpus import usable_cpus
 
     ds = dm.train_set

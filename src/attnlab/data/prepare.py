@@ -20,8 +20,8 @@ log = logging.getLogger("attnlab")
 
 
 def imagenet(root: Path, out: Path | None, workers: int | None) -> None:
-    from attnlab.data.imagenet import ImageNetDataModule
-    from attnlab.data.imagenet_prepare import prepare_imagenet
+    from attnlab.data.images.imagenet import ImageNetDataModule
+    from attnlab.data.formats.imagenet_prepare import prepare_imagenet
 
     dm = ImageNetDataModule(root=str(root), prepared=str(out) if out else None, num_classes=None)
     if dm.splits is None:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
                                            "ILSVRC2012_devkit_t12.tar.gz (or Kaggle's copy, or train/ and val/)")
     p.add_argument("--out", type=Path, default=None, help="where train/ and val/ go (default: the same folder)")
     p.add_argument("--workers", type=int, default=None, help="classes extracted at once (default: up to 8)")
-    from attnlab.data import shards
+    from attnlab.data.formats import shards
 
     shards.add_command(sub)  # python -m attnlab.data.prepare shards <image folder> <out>
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule
 from attnlab.data.info import DataInfo
-from attnlab.data.images import ImageDataModule
+from attnlab.data.images.base import ImageDataModule
 from attnlab.types import PositiveInt
 
 

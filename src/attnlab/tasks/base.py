@@ -50,7 +50,7 @@ class TokenizerInCheckpoint:
 
     @property
     def tokenizer(self):
-        from attnlab.data.tokenizers import tokenizer_from_json
+        from attnlab.data.text.tokenizers import tokenizer_from_json
 
         if self._tokenizer is None and self.tokenizer_json:
             self._tokenizer = tokenizer_from_json(self.tokenizer_json)

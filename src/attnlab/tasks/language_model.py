@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from attnlab.data.info import DataInfo
-from attnlab.data.tokenizers import TextTokenizer, tokenizer_from_json
+from attnlab.data.text.tokenizers import TextTokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.nn.gpt import check_length
 from attnlab.nn.registry import create_network

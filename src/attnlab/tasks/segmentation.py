@@ -155,7 +155,7 @@ class Segmenter(BaseTask):
         self.class_names = list(class_names or [str(i) for i in range(num_classes)])
         self.palette = palette
         if palette is None:
-            from attnlab.data.segmentation import default_palette
+            from attnlab.data.segmentation.datamodule import default_palette
 
             self.palette = default_palette(num_classes)
         self.mean = list(mean or [0.5] * in_chans)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from attnlab.data.info import DataInfo
-from attnlab.data.translation import tokenizer_pair
+from attnlab.data.translation.datamodule import tokenizer_pair
 from attnlab.errors import UserError
 from attnlab.nn.decoding import DecodeSettings, decode, greedy
 from attnlab.nn.registry import create_network

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from attnlab.data.tokenizers import CLS, EOT, MASK, PAD, SEP, UNK
+from attnlab.data.text.tokenizers import CLS, EOT, MASK, PAD, SEP, UNK
 from attnlab.errors import UserError
 from attnlab.transfer.hf import table
 

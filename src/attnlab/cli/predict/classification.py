@@ -10,8 +10,8 @@ import torch
 
 
 def predict(model, cfg, run_cfg) -> list[dict]:
-    from attnlab.data.images import FileImages, image_files
-    from attnlab.data.transforms import eval_transform
+    from attnlab.data.images.base import FileImages, image_files
+    from attnlab.data.images.transforms import eval_transform
 
     files = image_files(cfg.get("input"))
     h, data = model.hparams, run_cfg.data

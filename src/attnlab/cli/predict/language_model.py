@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.data.tokenizers import CLS, MASK, SEP, TextTokenizer
+from attnlab.data.text.tokenizers import CLS, MASK, SEP, TextTokenizer
 from attnlab.errors import UserError
 
 

@@ -11,8 +11,8 @@ import torch
 def predict(model, cfg, run_cfg) -> Path:
     from PIL import Image
 
-    from attnlab.data.images import FileImages, image_files
-    from attnlab.data.transforms import eval_transform
+    from attnlab.data.images.base import FileImages, image_files
+    from attnlab.data.images.transforms import eval_transform
 
     h = model.hparams
     files = image_files(cfg.get("input"))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.data.text_classification import PadBatch, join_texts
-from attnlab.data.tokenizers import PAD
+from attnlab.data.text.classification import PadBatch, join_texts
+from attnlab.data.text.tokenizers import PAD
 from attnlab.cli.predict import text_lines
 from attnlab.errors import UserError
 from attnlab.protocols.data import Target

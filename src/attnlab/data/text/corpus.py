@@ -26,11 +26,11 @@ from torch.utils.data import Dataset
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key
 from attnlab.data.info import DataInfo
-from attnlab.data.lm_datasets import (MaskingCollator, PackedSequences, RandomStarts, Windows, fixed_starts,
+from attnlab.data.text.lm_datasets import (MaskingCollator, PackedSequences, RandomStarts, Windows, fixed_starts,
                                       pack_spans)
-from attnlab.data.text_sources import OBJECTIVES, SEPARATOR, Source, file_source, hub_source
-from attnlab.data.token_arrays import TokenArray, tokenize_to_disk
-from attnlab.data.tokenizers import (CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
+from attnlab.data.text.sources import OBJECTIVES, SEPARATOR, Source, file_source, hub_source
+from attnlab.data.text.token_arrays import TokenArray, tokenize_to_disk
+from attnlab.data.text.tokenizers import (CLS, EOT, MASK, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
                                      tokenizer_from_json)
 from attnlab.errors import UserError
 from attnlab.types import Encoding, Fraction, PositiveInt, UnitInterval

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.glue_tasks import DOWNLOAD, TASKS, val_names
-from attnlab.data.text_classification import TextClassificationDataModule
+from attnlab.data.text.classification import TextClassificationDataModule
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")

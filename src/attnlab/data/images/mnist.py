@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.data.base import split_by_fraction
-from attnlab.data.images import ArrayImages, ImageDataModule, Transformed
+from attnlab.data.images.base import ArrayImages, ImageDataModule, Transformed
 from attnlab.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ same order from the same generators, with timm's own objects, and does less:
 - everything after the crop (flips, RandAugment with its op table and magnitudes, color jitter) is timm's own
   transform objects, applied to the crop as timm applies them; where OpenCV is installed (attnlab[fast]), the
   geometric ops of RandAugment and AutoAugment warp with OpenCV on timm's arguments, in about half Pillow's time
-  (data/warp_ops.py).
+  (data/images/warp_ops.py).
 
 `EvalFromFile` decodes JPEGs at least twice the resize size at a reduced size (DCT scaling, still at least the resize
 size), then applies timm's evaluation transform (resize, center crop): tests/test_file_transforms.py checks that the
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from attnlab.data.warp_ops import with_fast_warps
+from attnlab.data.images.warp_ops import with_fast_warps
 
 try:  # optional: the same decoder as Pillow's (libjpeg-turbo), straight to an array
     import simplejpeg

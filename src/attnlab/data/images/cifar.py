@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from attnlab.data.base import split_by_fraction
-from attnlab.data.images import ArrayImages, ImageDataModule, Transformed, scan_class_folders
+from attnlab.data.images.base import ArrayImages, ImageDataModule, Transformed, scan_class_folders
 from attnlab.errors import UserError
 from attnlab.utils.atomic import atomic_path
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 
-from attnlab.data.seg_transforms import IGNORE_INDEX
-from attnlab.data.segmentation import SegmentationDataModule, SegmentationPairs, file_pairs
+from attnlab.data.segmentation.transforms import IGNORE_INDEX
+from attnlab.data.segmentation.datamodule import SegmentationDataModule, SegmentationPairs, file_pairs
 from attnlab.errors import UserError
 
 

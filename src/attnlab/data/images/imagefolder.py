@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.data.base import split_by_fraction
-from attnlab.data.device_decode import (DecodeAhead, DeviceDecoder, EncodedBatch, EncodedFile, check_decode,
+from attnlab.data.images.device_decode import (DecodeAhead, DeviceDecoder, EncodedBatch, EncodedFile, check_decode,
                                         check_device, collate)
-from attnlab.data.images import FileImages, ImageDataModule, Transformed, scan_class_folders
+from attnlab.data.images.base import FileImages, ImageDataModule, Transformed, scan_class_folders
 from attnlab.errors import UserError
 
 SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test", "testing")}
@@ -35,7 +35,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.decode, self.decode_ahead = decode, int(decode_ahead)
         self.device_decoder = DeviceDecoder(self.image_size, self.channels, self.augment) if decode == "gpu" else None
         if format == "shards":
-            from attnlab.data.shard_loader import ShardSplits
+            from attnlab.data.formats.shard_loader import ShardSplits
 
             self.shards, self.splits = ShardSplits(self, str(root)), {}
             return

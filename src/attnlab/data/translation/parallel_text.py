@@ -104,7 +104,7 @@ def multi30k_files(data_dir: Path, split: str, lang: str, download: bool) -> Pat
 
 def hub_pairs(hub: dict, split: str, src_lang: str, tgt_lang: str, cache_dir: Path) -> tuple[list[str], list[str]]:
     """Pairs of a hub dataset whose records hold {"translation": {lang: text, ...}} (WMT, IWSLT)."""
-    from attnlab.data.text_sources import load_hub_split
+    from attnlab.data.text.sources import load_hub_split
 
     ds = load_hub_split(hub, split, cache_dir, local="translate local files with data=parallel "
                         "data.train=[train.src,train.tgt] data.val=[val.src,val.tgt]")

@@ -16,10 +16,10 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from attnlab.data.imagefolder import ImageFolderDataModule
-from attnlab.data.imagenet_archives import (KAGGLE_VAL_CSV, MISSING, Layout, display_names, find_layout,
+from attnlab.data.images.imagefolder import ImageFolderDataModule
+from attnlab.data.formats.imagenet_archives import (KAGGLE_VAL_CSV, MISSING, Layout, display_names, find_layout,
                                             read_kaggle_val)
-from attnlab.data.images import IMAGE_EXTENSIONS, scan_class_folders
+from attnlab.data.images.base import IMAGE_EXTENSIONS, scan_class_folders
 from attnlab.errors import UserError
 from attnlab.types import Fraction
 
@@ -64,13 +64,13 @@ class ImageNetDataModule(ImageFolderDataModule):
 
     def prepare_data(self) -> None:
         if self.splits is None:
-            from attnlab.data.imagenet_prepare import prepare_imagenet
+            from attnlab.data.formats.imagenet_prepare import prepare_imagenet
 
             prepare_imagenet(self.root, self.layout.out)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is None:  # local rank 0 prepares (again a no-op after prepare_data); the others wait for it
-            from attnlab.data.imagenet_prepare import prepare_imagenet, wait_for_preparation
+            from attnlab.data.formats.imagenet_prepare import prepare_imagenet, wait_for_preparation
 
             if os.environ.get("LOCAL_RANK", "0") == "0":
                 prepare_imagenet(self.root, self.layout.out)

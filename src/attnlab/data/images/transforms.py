@@ -46,7 +46,7 @@ def train_transform(image_size: int, channels: int, augment: dict[str, Any] | No
         input_size=(channels, image_size, image_size), is_training=True, mean=mean, std=std, use_prefetcher=True,
         **({"interpolation": "bicubic"} | augment),
     )
-    from attnlab.data.file_transforms import TrainFromFile
+    from attnlab.data.images.file_transforms import TrainFromFile
 
     return TrainFromFile(compose) if TrainFromFile.supports(compose) else compose
 
@@ -62,7 +62,7 @@ def eval_transform(image_size: int, channels: int, augment: dict[str, Any] | Non
         input_size=(channels, image_size, image_size), is_training=False, mean=mean, std=std,
         crop_pct=crop_pct, interpolation=augment.get("interpolation", "bicubic"), use_prefetcher=not normalize,
     )
-    from attnlab.data.file_transforms import EvalFromFile
+    from attnlab.data.images.file_transforms import EvalFromFile
 
     return EvalFromFile(compose)
 

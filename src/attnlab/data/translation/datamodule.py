@@ -22,9 +22,10 @@ from attnlab.compat import keep_own_batch_sampler
 from attnlab.data.base import BaseDataModule
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.info import DataInfo
-from attnlab.data.parallel_sets import BucketBatchSampler, PadCollator, ParallelSet, RaggedArray, write_ragged
-from attnlab.data.parallel_text import clean_text, hub_pairs, multi30k_files, read_pair, read_tsv
-from attnlab.data.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
+from attnlab.data.translation.parallel_sets import (BucketBatchSampler, PadCollator, ParallelSet, RaggedArray,
+                                                   write_ragged)
+from attnlab.data.translation.parallel_text import clean_text, hub_pairs, multi30k_files, read_pair, read_tsv
+from attnlab.data.text.tokenizers import PAD, UNK, TextTokenizer, build_tokenizer, tokenizer_from_json
 from attnlab.errors import UserError
 from attnlab.types import Encoding, PositiveInt
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.text_sources import SEPARATOR, Source
-from attnlab.data.tokenizers import CharTokenizer, TextTokenizer
+from attnlab.data.text.sources import SEPARATOR, Source
+from attnlab.data.text.tokenizers import CharTokenizer, TextTokenizer
 from attnlab.errors import UserError
 
 

@@ -29,8 +29,8 @@ from attnlab.compat import keep_own_batch_sampler
 from attnlab.data.base import BaseDataModule, kfold
 from attnlab.data.cache import cache_key, file_identity
 from attnlab.data.info import DataInfo
-from attnlab.data.parallel_sets import BucketBatchSampler
-from attnlab.data.tokenizers import (CLS, EOT, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
+from attnlab.data.translation.parallel_sets import BucketBatchSampler
+from attnlab.data.text.tokenizers import (CLS, EOT, MLM_SPECIALS, PAD, SEP, TextTokenizer, build_tokenizer,
                                      tokenizer_from_json)
 from attnlab.errors import UserError
 from attnlab.protocols.data import Target

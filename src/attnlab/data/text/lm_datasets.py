@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from attnlab.data.samplers import ResumableSampler
-from attnlab.data.token_arrays import TokenArray
+from attnlab.data.text.token_arrays import TokenArray
 
 
 log = logging.getLogger("attnlab")

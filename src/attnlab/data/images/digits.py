@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from attnlab.data.base import split_by_fraction
-from attnlab.data.images import ImageDataModule
-from attnlab.data.transforms import random_affine
+from attnlab.data.images.base import ImageDataModule
+from attnlab.data.images.transforms import random_affine
 from attnlab.types import Fraction
 
 

@@ -33,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from attnlab.data.samplers import rng_states, set_rng_states
-from attnlab.data.shard_format import litdata, read_meta, safe_serializers, split_dir
+from attnlab.data.formats.shard_format import litdata, read_meta, safe_serializers, split_dir
 from attnlab.errors import UserError
 
 litdata()  # noqa: E402  (LitData's version check off before its first import)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.data.shard_format import META, is_remote, litdata, read_json, split_dir
+from attnlab.data.formats.shard_format import META, is_remote, litdata, read_json, split_dir
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -35,7 +35,7 @@ def _read_sample(sample: tuple[str, int]) -> tuple[bytes, int]:
 def _samples(ds) -> list[tuple[str, int]]:
     """The (file, class index) samples of a split that an image data module built (FileImages, or a Transformed
     view of one)."""
-    from attnlab.data.images import FileImages, Transformed
+    from attnlab.data.images.base import FileImages, Transformed
 
     if isinstance(ds, FileImages):
         return list(ds.samples)
@@ -48,8 +48,8 @@ def _samples(ds) -> list[tuple[str, int]]:
 
 def source_module(data: str, src: Path, val_fraction: float | None, test_fraction: float | None, seed: int):
     """The data module that reads `src` as a run would (`data=imagefolder` or `data=imagenet`), set up."""
-    from attnlab.data.imagefolder import ImageFolderDataModule
-    from attnlab.data.imagenet import ImageNetDataModule
+    from attnlab.data.images.imagefolder import ImageFolderDataModule
+    from attnlab.data.images.imagenet import ImageNetDataModule
 
     cls = {"imagefolder": ImageFolderDataModule, "imagenet": ImageNetDataModule}[data]
     fractions = {k: v for k, v in (("val_fraction", val_fraction), ("test_fraction", test_fraction)) if v is not None}

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule, kfold
 from attnlab.data.info import DataInfo
-from attnlab.data.transforms import BatchNormalizer, eval_transform, train_transform
+from attnlab.data.images.transforms import BatchNormalizer, eval_transform, train_transform
 from attnlab.errors import UserError
 from attnlab.types import Fraction, PositiveInt
 

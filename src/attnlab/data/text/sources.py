@@ -105,7 +105,7 @@ def file_source(name: str, files: list[str], text_column: str, hint: str | None,
                 elif p.suffix == ".jsonl":
                     yield from _jsonl_docs(p, text_column, encoding)
                 elif p.suffix in (".tsv", ".csv"):  # a column of a table with a header (GLUE's .tsv: no quoting)
-                    from attnlab.data.text_classification import read_table
+                    from attnlab.data.text.classification import read_table
 
                     yield from (r[text_column] for r in read_table(p, [text_column], encoding))
                 else:

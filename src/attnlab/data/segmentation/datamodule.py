@@ -17,9 +17,9 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from attnlab.data.base import BaseDataModule, split_by_fraction
-from attnlab.data.images import IMAGE_EXTENSIONS
+from attnlab.data.images.base import IMAGE_EXTENSIONS
 from attnlab.data.info import DataInfo
-from attnlab.data.seg_transforms import IGNORE_INDEX, check_augment, eval_pair_transform, train_pair_transform
+from attnlab.data.segmentation.transforms import IGNORE_INDEX, check_augment, eval_pair_transform, train_pair_transform
 from attnlab.errors import UserError
 
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}

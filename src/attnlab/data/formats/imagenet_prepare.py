@@ -22,7 +22,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from attnlab.data.imagenet_archives import (DEVKIT_TAR, MARKER, STAGING, TRAIN_TAR, VAL_NAME, VAL_TAR, Devkit,
+from attnlab.data.formats.imagenet_archives import (DEVKIT_TAR, MARKER, STAGING, TRAIN_TAR, VAL_NAME, VAL_TAR, Devkit,
                                             display_names, read_devkit)
 from attnlab.errors import UserError
 

@@ -1,0 +1,1 @@
+"""Semantic segmentation data: image/mask pairs, joint transforms, and the public benchmarks."""

@@ -1,0 +1,1 @@
+"""Parallel text for translation: reading sentence pairs, storing them as token arrays, and the data module."""
