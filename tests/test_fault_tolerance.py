@@ -517,3 +517,27 @@ def test_a_run_interrupted_at_a_validation_resumes_to_the_numbers_of_the_run_lef
     resumed = json.loads((run_dir / "metrics.json").read_text())
     for key in ("val/loss", "val/acc", "val/acc_best", "test/acc", "train/acc", "train/loss_epoch"):
         assert resumed[key] == pytest.approx(validated_whole[key], abs=1e-5), (key, resumed, validated_whole)
+
+
+def test_weights_that_do_not_fit_the_network_are_one_paragraph_naming_the_checkpoint(tmp_path, capsys):
+    """torch's refusal of a state dict of another network (unknown keys, other shapes), raised wherever Lightning or
+    attnlab loads one, reaches the user as one paragraph naming ckpt_path and what to give instead."""
+    from omegaconf import OmegaConf
+
+    from attnlab.cli.app import run_app
+
+    saved = torch.nn.Linear(4, 2).state_dict()
+    cfg = OmegaConf.create({"ckpt_path": str(tmp_path / "other.ckpt"), "paths": {"output_dir": str(tmp_path)}})
+
+    def load_into_this_network(_):
+        try:
+            torch.nn.Linear(8, 2).load_state_dict(saved)
+        except RuntimeError as e:
+            raise RuntimeError("while restoring the checkpoint") from e  # found however deep in the chain
+
+    with pytest.raises(SystemExit) as stop:
+        run_app(load_into_this_network, cfg)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert f"ckpt_path: {tmp_path / 'other.ckpt'} holds weights that do not fit the network this run builds" in err
+    assert "size mismatch for weight" in err and "<run dir>/checkpoints/" in err

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.parameter import is_lazy
 
-from attnlab.compat import tree_leaves
 from attnlab.errors import UserError
-from attnlab.traced_step import activation_bytes, materialize
+from attnlab.traced_step import activation_bytes, tensors
 
 log = logging.getLogger("attnlab")
 
@@ -161,30 +160,28 @@ def estimate(task, dm, trainer_cfg: dict, optimizer_factory=None, processes: int
         return None
     precision = str(trainer_cfg.get("precision") or "32-true")
     half = precision in ("bf16-true", "16-true")
-    if any(is_lazy(p) for p in task.parameters()):
-        materialize(task, batch)
+    dtype = _PRECISION_AUTOCAST.get(precision) or (torch.bfloat16 if half else None)
+    est = MemoryEstimate(device="GPU" if on_gpu else "CPU", processes=processes)
+    est.available = _available(on_gpu, processes)
+    if not on_gpu:
+        est.terms["process"] = process_rss()  # libraries, data in memory, the weights
+    activations = cached_activation_bytes(task, batch, dtype, cache_dir)  # lazy modules get their parameters first
+    if activations is None:
+        return None
     trainable = sum(p.numel() * p.element_size() for p in task.parameters() if p.requires_grad)
     weights = sum(p.numel() * p.element_size() for p in task.parameters())
     if half:
         trainable, weights = trainable // 2, weights // 2
     shard = processes if sharded else 1
     ratio = optimizer_state_ratio(optimizer_factory) if optimizer_factory is not None else 2.0
-    dtype = _PRECISION_AUTOCAST.get(precision) or (torch.bfloat16 if half else None)
-    est = MemoryEstimate(device="GPU" if on_gpu else "CPU", processes=processes)
     if on_gpu:
         est.terms["weights"] = weights // shard
-    else:
-        est.terms["process"] = process_rss()  # libraries, data in memory, the weights
     est.terms["gradients"] = trainable // shard
     est.terms["optimizer state"] = int(ratio * trainable) // shard
     if averaged:  # the average is a whole copy of the module (parameters and buffers), never sharded
         est.terms["averaged weights"] = weights + sum(b.numel() * b.element_size() for b in task.buffers())
-    activations = cached_activation_bytes(task, batch, dtype, cache_dir)
-    if activations is None:
-        return None
     est.terms["activations"] = int(_UNSEEN * activations)
-    est.batch_dims = {int(d) for t in tree_leaves(batch) if isinstance(t, torch.Tensor) for d in t.shape}
-    est.available = _available(on_gpu, processes)
+    est.batch_dims = {int(d) for t in tensors(batch) for d in t.shape}
     return est
 
 
@@ -194,8 +191,8 @@ _NOT_IN_THE_STEP = {"optimizer", "scheduler", "monitor", "monitor_mode"}
 
 def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: str | None) -> int | None:
     """activation_bytes, read from cache_dir when a step of the same network, settings, code and batch shapes was
-    traced before (and written there after a trace)."""
-    if not cache_dir:
+    traced before (and written there after a trace); a task with lazy modules is traced every time."""
+    if not cache_dir or any(is_lazy(p) for p in task.parameters()):
         return activation_bytes(task, batch, dtype)
     import hashlib
     import inspect
@@ -214,7 +211,7 @@ def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: s
            "hparams": repr(sorted((k, v) for k, v in dict(getattr(task, "hparams", {}) or {}).items()
                                   if k not in _NOT_IN_THE_STEP)), "sources": sorted(sources),
            "trainable": [(n, p.shape) for n, p in task.named_parameters() if p.requires_grad],
-           "batch": [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in tree_leaves(batch)],
+           "batch": [(tuple(t.shape), t.dtype) for t in tensors(batch)],
            "autocast": dtype, "versions": _versions()}
     digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:24]
     path = Path(cache_dir) / "memory" / f"{digest}.json"

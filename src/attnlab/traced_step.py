@@ -10,8 +10,9 @@ import random
 import weakref
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch.nn.parameter import is_lazy
 
-from attnlab.compat import tree_leaves
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -34,9 +35,7 @@ class _LiveBytes:
         self.mode, self.live, self.peak, self._seen = Mode(), 0, 0, set()
 
     def add(self, out) -> None:
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in tensors(out):
             storage = t.untyped_storage()
             key = storage._cdata
             if key in self._seen:
@@ -58,7 +57,7 @@ def _quiet_step(task):
     or random draws that would stay."""
     from torchmetrics import Metric
 
-    from attnlab.compat import logging_off, metric_state, restore_metric_state
+    from attnlab.compat import metric_state, restore_metric_state
 
     buffers = {name: b.clone() for name, b in task.named_buffers()}
     saved = {m: metric_state(m) for m in task.modules() if isinstance(m, Metric)}
@@ -80,6 +79,20 @@ def _quiet_step(task):
             np.random.set_state(np_state)
 
 
+@contextlib.contextmanager
+def logging_off(task):
+    """A LightningModule's step outside the trainer: its `log`, `log_dict` and attnlab's `log_train_loss` do nothing
+    meanwhile (they would ask the trainer for its loop state)."""
+    names = [n for n in ("log", "log_dict", "log_train_loss") if callable(getattr(type(task), n, None))]
+    for name in names:
+        setattr(task, name, lambda *a, **k: None)
+    try:
+        yield
+    finally:
+        for name in names:
+            delattr(task, name)  # the class's method again
+
+
 def _numpy_state():
     try:
         import numpy as np
@@ -92,12 +105,15 @@ def _numpy_state():
 def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> int | None:
     """Peak bytes of the tensors one training step (forward, loss and backward) allocates: on fake tensors, or,
     where the step has ops whose output shape depends on the data (packed sequences, boolean indexing), on a real
-    slice of two samples scaled to the batch. None when the step cannot run outside the trainer."""
-    from attnlab.compat import fake_tensor_mode, tree_map
+    slice of two samples scaled to the batch. None when the step cannot run outside the trainer. Lazy modules get
+    their parameters first (`materialize`)."""
+    from attnlab.compat import fake_tensor_mode
 
+    if any(is_lazy(p) for p in task.parameters()):
+        materialize(task, batch)
     try:
         with _quiet_step(task), fake_tensor_mode(allow_non_fake_inputs=True) as fake:
-            fake_batch = tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, batch)
+            fake_batch = apply_to_collection(batch, torch.Tensor, fake.from_tensor)
             return _traced_step(task, fake_batch, autocast_dtype)
     except UserError:
         raise
@@ -105,7 +121,7 @@ def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> 
         log.debug("memory estimate: fake step failed (%s); measuring a real step on two samples", e)
     size = _batch_len(batch)
     part = 2 if size and size > 2 else size
-    sliced = tree_map(lambda t: t[:part] if isinstance(t, torch.Tensor) and t.dim() and len(t) == size else t, batch)
+    sliced = _first(batch, part, size)
     try:
         with _quiet_step(task):
             peak = _traced_step(task, sliced, autocast_dtype)
@@ -122,19 +138,19 @@ def step_flops(task, batch) -> int | None:
     `batch`: on fake tensors, else on the real sample. None when the step cannot run outside the trainer."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from attnlab.compat import fake_tensor_mode, tree_map
+    from attnlab.compat import fake_tensor_mode
 
     size = _batch_len(batch)
     if not size:
         return None
-    one = tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() and len(t) == size else t, batch)
+    one = _first(batch, 1, size)
     for fake in (True, False):
         counter = FlopCounterMode(display=False)
         try:
             with _quiet_step(task), torch.no_grad(), contextlib.ExitStack() as stack:
                 if fake:
                     mode = stack.enter_context(fake_tensor_mode(allow_non_fake_inputs=True))
-                    sample = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, one)
+                    sample = apply_to_collection(one, torch.Tensor, mode.from_tensor)
                 else:
                     sample = one
                 with counter:
@@ -149,17 +165,27 @@ def step_flops(task, batch) -> int | None:
 def materialize(task, batch) -> None:
     """Give lazy modules (`nn.LazyLinear`, ...) their parameters with one real step without gradients on two
     samples, as PyTorch asks before an optimizer is built; the estimate then counts them like any other."""
-    from attnlab.compat import tree_map
-
     size = _batch_len(batch)
     part = min(2, size) if size else size
-    sliced = tree_map(lambda t: t[:part] if isinstance(t, torch.Tensor) and t.dim() and len(t) == size else t, batch)
+    sliced = _first(batch, part, size)
     with _quiet_step(task), torch.no_grad():
         task.training_step(sliced, 0)
 
 
+def tensors(tree) -> list[torch.Tensor]:
+    """Every tensor of a nested batch or output (lists, tuples, dicts, dataclasses), in order."""
+    found: list[torch.Tensor] = []
+    apply_to_collection(tree, torch.Tensor, found.append)
+    return found
+
+
+def _first(batch, part: int | None, size: int | None):
+    """The batch's first `part` samples: each tensor whose leading dimension is the batch's size, sliced."""
+    return apply_to_collection(batch, torch.Tensor, lambda t: t[:part] if t.dim() and len(t) == size else t)
+
+
 def _batch_len(batch) -> int | None:
-    sizes = [len(t) for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()]
+    sizes = [len(t) for t in tensors(batch) if t.dim()]
     return max(set(sizes), key=sizes.count) if sizes else None
 
 

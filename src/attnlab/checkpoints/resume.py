@@ -6,12 +6,9 @@ with them."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -139,22 +136,6 @@ def check_same_task(meta: dict, model_target: str, ckpt_path: str, run_dir: bool
 
 
 RUNTIME_KEYS = ("compile", "activation_checkpointing")  # how the model runs, not what it is
-
-
-@contextlib.contextmanager
-def weights_that_fit(ckpt_path: Any) -> Iterator[None]:
-    """Weights loaded from `ckpt_path` into the network its run builds: torch's refusal of weights that do not fit
-    (keys it does not know, or shapes of another size) as one paragraph."""
-    try:
-        yield
-    except RuntimeError as e:
-        if "Error(s) in loading state_dict" not in str(e):
-            raise
-        detail = " ".join(str(e).split())[:300]
-        raise UserError(f"ckpt_path: {ckpt_path} holds weights that do not fit the network this run builds "
-                        f"({detail}). The file was changed after its run wrote it, or another program or config wrote "
-                        "it: give a checkpoint of this model as attnlab's train.py wrote it (<run dir>/checkpoints/)."
-                        ) from None
 
 
 def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:

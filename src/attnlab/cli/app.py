@@ -60,12 +60,13 @@ def begin(cfg: DictConfig) -> None:
     from attnlab.redact import redact, redact_logs, restore
 
     redact_logs()  # the run's log lines, on the console and in its log file, never hold a secret's value
-    if (cfg.get("extras") or {}).get("print_config") and _is_rank_zero():
+    printed = (cfg.get("extras") or {}).get("print_config") and _is_rank_zero()
+    shown = OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))) if printed else None
+    restore(cfg)  # the secrets taken off the command line, in memory only (attnlab.redact)
+    if shown is not None:
         from attnlab.utils.rich_config import print_config_tree
 
-        shown = OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True)))
         print_config_tree(shown, Path(cfg.paths.output_dir) / "config_tree.log")
-    restore(cfg)  # the secrets taken off the command line, in memory only (attnlab.redact)
 
 
 def run_process(main: Callable[[], Any]) -> None:
@@ -219,11 +220,3 @@ def _finish_wandb() -> None:
 
         if wandb.run is not None:
             wandb.finish()
-
-
-def save_resolved_config(cfg: DictConfig, path: Path) -> None:
-    """config.yaml: the resolved config, without the secrets it was given (attnlab.redact)."""
-    from attnlab.redact import redact
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))), path)

@@ -261,15 +261,12 @@ def load_task(ckpt_path: str, meta: dict):
     import_user_modules(imports)
     task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
-    from attnlab.checkpoints.resume import weights_that_fit
-
-    with weights_that_fit(ckpt_path):
-        try:
-            model = lightning_load_state(task_cls, ckpt)
-        except TypeError as e:  # hyperparameters its task's constructor does not take
-            raise UserError(f"ckpt_path: {ckpt_path} holds hyperparameters that {task_cls.__qualname__} does not "
-                            f"take ({e}). The file was changed after its run wrote it, or another program wrote it: "
-                            "give a checkpoint as attnlab's train.py wrote it (<run dir>/checkpoints/).") from None
+    try:
+        model = lightning_load_state(task_cls, ckpt)
+    except TypeError as e:  # hyperparameters its task's constructor does not take
+        raise UserError(f"ckpt_path: {ckpt_path} holds hyperparameters that {task_cls.__qualname__} does not take "
+                        f"({e}). The file was changed after its run wrote it, or another program wrote it: give a "
+                        "checkpoint as attnlab's train.py wrote it (<run dir>/checkpoints/).") from None
     state = ckpt.get("state_dict") or {}
     device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
     return model.to(device)

@@ -1,7 +1,7 @@
-"""Faults of the machine met by a run (a full disk, a read-only folder, shared memory too small for the loader's
-workers), told as one paragraph: what was being written where, the fix, and the last good checkpoint, which the
-atomic writes (`attnlab.utils.atomic`) leave whole. One mapping from the error (its errno, or the message torch
-gives for shared memory) to the paragraph, whatever wrote the file."""
+"""Faults met by a run that are not bugs (a full disk, a read-only folder, shared memory too small for the loader's
+workers, a checkpoint whose weights do not fit the network), told as one paragraph: what was being done where, the
+fix, and the last good checkpoint, which the atomic writes (`attnlab.utils.atomic`) leave whole. One mapping from the
+error (its errno, or the message torch gives) to the paragraph, whatever raised it."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def explain(err: BaseException, cfg: DictConfig | None) -> UserError | None:
             return _os_error(e, cfg)
         if isinstance(e, RuntimeError) and _shared_memory_full(str(e)):
             return _shared_memory(cfg)
+        if isinstance(e, RuntimeError) and "Error(s) in loading state_dict" in str(e):
+            return _weights_do_not_fit(e, cfg)
     return None
 
 
@@ -81,6 +83,16 @@ def _shared_memory(cfg: DictConfig | None) -> UserError:
     if ckpt is not None:
         msg += f" The last good checkpoint is {ckpt}: ckpt_path={ckpt} resumes from it."
     return UserError(msg)
+
+
+def _weights_do_not_fit(e: RuntimeError, cfg: DictConfig | None) -> UserError:
+    """torch's refusal of weights that do not fit (keys it does not know, or shapes of another size)."""
+    given = (cfg or {}).get("ckpt_path")
+    where = f"ckpt_path: {given}" if given else "the checkpoint this run continues from"
+    detail = " ".join(str(e).split())[:300]
+    return UserError(f"{where} holds weights that do not fit the network this run builds ({detail}). The file was "
+                     "changed after its run wrote it, or another program or config wrote it: give a checkpoint of "
+                     "this model as attnlab's train.py wrote it (<run dir>/checkpoints/).")
 
 
 def _final_name(file: Path) -> Path:

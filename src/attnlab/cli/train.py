@@ -90,7 +90,7 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
     from attnlab.redact import redact
-    from attnlab.checkpoints.resume import check_resumable, check_same_model, weights_that_fit
+    from attnlab.checkpoints.resume import check_resumable, check_same_model
     from attnlab.strategies import for_model
 
     L.seed_everything(run.seed, workers=True)
@@ -119,14 +119,13 @@ def train(cfg: DictConfig) -> float | None:
 
         # refuse a run too large for the machine before it starts
         estimate = check_run_memory(plan, model, dm, optimizer=resolved.get("optimizer"), data=resolved["data"])
-    from attnlab.cli.app import save_resolved_config
+    out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(resolved), out_dir / "config.yaml")
 
-    save_resolved_config(cfg, out_dir / "config.yaml")
-
-    # ---- loggers, callbacks, the Trainer
-    loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
+    # ---- the platform's callbacks, the config's loggers and callbacks, the Trainer
     platform = [RunMetadata(resolved, plan.decided), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost(),
                 PlainHyperparameters(resolved)]
+    loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, plan, callbacks, loggers, strategy)
@@ -137,8 +136,7 @@ def train(cfg: DictConfig) -> float | None:
     if run.train:
         # read as every checkpoint is (attnlab.checkpoints): AtomicCheckpointIO's reader, or the strategy's own,
         # told explicitly, so that no environment variable turns it into a full unpickling
-        with weights_that_fit(ckpt_path):
-            trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=not trust.trusted())
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=not trust.trusted())
         if in_run_dir and trainer.global_step == meta.get("global_step") and (out_dir / "metrics.json").is_file():
             return report.finished_already(plan, out_dir, trainer.global_step)
     train_metrics = dict(trainer.callback_metrics)
@@ -155,8 +153,7 @@ def train(cfg: DictConfig) -> float | None:
             best = ckpt_path or ""
         if not best and run.train:
             log.warning("no checkpoint was saved: testing the weights as they are at the end of training")
-        with weights_that_fit(best):
-            trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=not trust.trusted())
+        trainer.test(model, datamodule=dm, ckpt_path=best or None, weights_only=not trust.trusted())
         test_metrics = dict(trainer.callback_metrics)
 
     # ---- report: metrics.json, the summary, a sweep's results.csv row

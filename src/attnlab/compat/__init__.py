@@ -8,9 +8,8 @@ imports none of them: each is imported where it is used (ModelCheckpoint's inter
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 
 log = logging.getLogger("attnlab")
@@ -81,20 +80,6 @@ def stop_after_this_step(trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
-@contextlib.contextmanager
-def logging_off(module) -> Iterator[None]:
-    """Run a LightningModule's step outside the trainer: its `log`, `log_dict` and attnlab's `log_train_loss` do
-    nothing meanwhile (they would ask the trainer for its loop state)."""
-    names = [n for n in ("log", "log_dict", "log_train_loss") if callable(getattr(type(module), n, None))]
-    for name in names:
-        setattr(module, name, lambda *a, **k: None)
-    try:
-        yield
-    finally:
-        for name in names:
-            delattr(module, name)  # the class's method again
-
-
 # ---- torchmetrics
 def metric_defaults(metric) -> dict:
     """A torchmetrics Metric's states as they are after `reset()`, by name."""
@@ -112,19 +97,6 @@ def restore_metric_state(metric, state: dict) -> None:
 
 
 # ---- torch, Hydra: private modules and objects, each behind one name here
-def tree_leaves(tree) -> list:
-    """torch's pytree leaves (torch.utils._pytree): every tensor of a nested batch, as torch flattens it."""
-    from torch.utils._pytree import tree_leaves as leaves
-
-    return leaves(tree)
-
-
-def tree_map(fn, tree):
-    from torch.utils._pytree import tree_map as mapped
-
-    return mapped(fn, tree)
-
-
 def fake_tensor_mode(**kwargs):
     """torch's FakeTensorMode: tensors with shapes and dtypes but no storage."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -182,10 +182,9 @@ def tokenizers(task: Any) -> dict[str, str]:
 
 def leading_size(batch: Any) -> int:
     """The leading dimension of a batch's first tensor (0 when it has none)."""
-    from attnlab.compat import tree_leaves
+    from lightning_utilities.core.apply_func import apply_to_collection
 
-    for t in tree_leaves(batch):
-        if isinstance(t, torch.Tensor):
-            return int(t.shape[0]) if t.dim() else 0
-    return 0
+    found: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, found.append)
+    return (int(found[0].shape[0]) if found[0].dim() else 0) if found else 0
 
