@@ -197,3 +197,16 @@ def test_a_target_named_before_the_data_modules_moved_still_builds():
                  "attnlab.data.segmentation.ADE20KDataModule"):
         assert trust.decide("callable", name, "data._target_"), name
     assert not trust.decide("callable", "attnlab.data.cifar.os.system", "data._target_")
+
+
+def test_a_config_of_the_flat_data_layout_is_prepared_with_todays_names(tmp_path):
+    """A run folder's config from before the data modules moved (what --rerun composes from) has its `_target_`s
+    renamed when it is prepared: the checks, the builders and the new run folder's config.yaml see today's names."""
+    from attnlab.config import prepare
+
+    cfg = compose_cfg(["data=cifar10"], tmp_path)
+    cfg.data._target_ = "attnlab.data.cifar.CIFARDataModule"
+    cfg.trainer._target_ = "lightning.pytorch.Trainer"  # never moved: kept
+    prepare(cfg)
+    assert cfg.data._target_ == "attnlab.data.images.cifar.CIFARDataModule"
+    assert cfg.trainer._target_ == "lightning.pytorch.Trainer"

@@ -64,7 +64,7 @@ def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
     state = {k: v.clone() for k, v in task.state_dict().items()}
     rng = torch.get_rng_state()
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    est = memory.check_run_memory(make_plan(cfg), task, dm, optimizer=resolved.get("optimizer"), data=resolved["data"])
+    est = memory.check_run_memory(make_plan(cfg), task, dm, data=resolved["data"])
     assert est is not None and est.terms["activations"] > 0 and est.total > est.terms["process"]
     assert torch.equal(torch.get_rng_state(), rng)  # the run draws the same numbers
     after = task.state_dict()

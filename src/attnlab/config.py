@@ -60,12 +60,34 @@ def current_target(target: str) -> str:
 
 
 def prepare(cfg: DictConfig) -> None:
-    """What every entry point does first with the composed config: import the user's modules, fill in the
-    platform keys a node leaves out, and refuse scheduler keys the chosen schedule does not take. Cheap and
-    idempotent."""
+    """What every entry point does first with the composed config: import the user's modules, name moved
+    `_target_`s as they are now, fill in the platform keys a node leaves out, and refuse scheduler keys the chosen
+    schedule does not take. Cheap and idempotent."""
     import_user_modules((cfg.get("extras") or {}).get("imports"))
+    rename_moved_targets(cfg)
     apply_platform_defaults(cfg)
     check_schedule_keys(cfg)
+
+
+def rename_moved_targets(cfg: DictConfig) -> None:
+    """Each `_target_` of the config named as it is now (`current_target`): a config of an earlier layout (a run
+    folder's, given to --rerun) builds, and records, today's names."""
+    def moved(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "_target_" and isinstance(value, str) and current_target(value) != value:
+                    yield [*path, key], current_target(value)
+                else:
+                    yield from moved(value, [*path, key])
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                yield from moved(value, [*path, i])
+
+    for path, name in list(moved(OmegaConf.to_container(cfg, resolve=False), [])):
+        node = cfg
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = name
 
 
 def apply_platform_defaults(cfg: DictConfig) -> None:

@@ -304,23 +304,20 @@ def averages_weights(callbacks: dict) -> bool:
     return False
 
 
-def check_run_memory(plan, task, dm, optimizer: dict | None = None, data: dict | None = None,
-                     refuse: bool = True) -> MemoryEstimate | None:
-    """Estimate the run's memory (its plan: cli/plan.py; its optimizer and data nodes, resolved) and refuse it when
-    it does not fit (extras.force=true: warn and go on; refuse=false: only the estimate, for preflight=true to
-    report)."""
-    from attnlab.settings import split_optimizer
-
+def check_run_memory(plan, task, dm, data: dict | None = None, refuse: bool = True) -> MemoryEstimate | None:
+    """Estimate the run's memory (its plan: cli/plan.py, with its optimizer's arguments; its data node, resolved)
+    and refuse it when it does not fit (extras.force=true: warn and go on; refuse=false: only the estimate, for
+    preflight=true to report)."""
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return None  # the launching process checked for all of them
     t = plan.trainer
     if t.accelerator in ("gpu", "cuda", "mps", "tpu") and not torch.cuda.is_available():
         return None  # refused by the device checks, or hardware this estimate does not cover
     factory = None
-    if optimizer and optimizer.get("_target_"):
+    if plan.optimizer:
         from hydra.utils import instantiate
 
-        node, _ = split_optimizer(dict(optimizer))
+        node = dict(plan.optimizer)
         node["lr"] = node.get("lr") or 1e-3
         factory = instantiate(node | {"_partial_": True})
     try:

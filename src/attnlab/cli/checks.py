@@ -108,9 +108,7 @@ def _target_nodes(cfg: DictConfig, prefix: str = ""):
 def _target(target: str):
     from hydra.utils import get_object
 
-    from attnlab.config import current_target
-
-    return get_object(current_target(target))
+    return get_object(target)
 
 
 def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:

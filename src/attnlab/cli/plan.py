@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
-from attnlab.settings import ModelKeys, RunSettings
+from attnlab.settings import ModelKeys, RunSettings, split_optimizer
 
 log = logging.getLogger("attnlab")
 MIXED = ("bf16-mixed", "bf16", "16-mixed", "16")
@@ -61,6 +61,7 @@ class RunPlan:
     cache_dir: str | None
     averages_weights: bool = False
     force: bool = False  # extras.force: a run the memory estimate refuses starts anyway
+    optimizer: dict[str, Any] | None = None  # the optimizer node's own arguments (attnlab's keys off), resolved
     # what the plan changed in the config: {"trainer.precision": {"asked", "decided", "why", "on"}, ...}
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoints: Path | None = None  # the checkpoint folder (callbacks.model_checkpoint.dirpath)
@@ -126,6 +127,7 @@ def make_plan(cfg: DictConfig) -> RunPlan:
                         "model, which FSDP's sharded weights cannot be averaged into: train with trainer=ddp, or "
                         "leave the average out (callbacks=default).")
     output_dir = Path(str(paths.get("output_dir") or "."))
+    optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     own_dir = ((cfg.get("callbacks") or {}).get("model_checkpoint") or {}).get("dirpath")
     plan = RunPlan(
         run=run,
@@ -136,6 +138,7 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         model_target=str(model.get("_target_", "")),
         output_dir=output_dir, log_dir=Path(str(paths.get("log_dir") or ".")), cache_dir=paths.get("cache_dir"),
         averages_weights=averaged, force=bool((cfg.get("extras") or {}).get("force")), decided=decided,
+        optimizer=split_optimizer(optimizer)[0] if optimizer and optimizer.get("_target_") else None,
         checkpoints=Path(str(own_dir)) if own_dir else output_dir / "checkpoints")
     _apply(cfg, decided)
     return plan

@@ -236,8 +236,7 @@ def preflight(cfg: DictConfig, plan, model, dm) -> None:
 
     steps = plan.run.preflight_steps
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    estimate = check_run_memory(plan, model, dm, optimizer=resolved.get("optimizer"), data=resolved["data"],
-                                refuse=False)
+    estimate = check_run_memory(plan, model, dm, data=resolved["data"], refuse=False)
     params = builders.count_parameters(model)
     timer = StepTimer(task_hooks.flops_per_sample(model))
 

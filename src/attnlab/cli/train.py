@@ -118,7 +118,7 @@ def train(cfg: DictConfig) -> float | None:
         from attnlab.memory import check_run_memory
 
         # refuse a run too large for the machine before it starts
-        estimate = check_run_memory(plan, model, dm, optimizer=resolved.get("optimizer"), data=resolved["data"])
+        estimate = check_run_memory(plan, model, dm, data=resolved["data"])
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(resolved), out_dir / "config.yaml")
 
