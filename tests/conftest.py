@@ -1,5 +1,4 @@
-"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points in new processes
-(forked from a process that has imported torch, Lightning and Hydra once: tests/prefork.py)."""
+"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points as new processes."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, open_dict
 
-import prefork
 from attnlab.config import compose_run, register_resolvers
 from fixtures import small_data  # noqa: F401  (the small made-up datasets, a session fixture)
 from slurm_cluster import XDIST_GROUP as SLURM_GROUP, ClusterManager
@@ -72,7 +70,7 @@ def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600
     full_env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(data_dir or DATA_DIR)} | (env or {})
     launcher = [sys.executable, *OWN_PEAK_LAUNCHER] if own_peak_memory else []
     # its own process group: a timeout ends what the script started too (a benchmark's train.py, DDP workers)
-    proc = (subprocess.Popen if own_peak_memory else prefork.Popen)(
+    proc = subprocess.Popen(
         [*launcher, sys.executable, str(ROOT / script), *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -92,7 +90,7 @@ def log_env(tmp_path):
 
 def wandb_offline(folder) -> dict[str, str]:
     """Environment for W&B offline with its folders (settings, cache, staging) under `folder`, away from the user's
-    own; HOME stays as it is, so that the command can run forked (prefork.py)."""
+    own."""
     return {"WANDB_API_KEY": "", "WANDB_MODE": "offline", **{f"WANDB_{k}_DIR": str(Path(folder) / "wandb-home" / k.lower())
                                                               for k in ("CONFIG", "CACHE", "DATA")}}
 
@@ -131,7 +129,6 @@ def pytest_configure(config):
         threads = max(1, (os.cpu_count() or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
-    prefork.configure(os.environ)  # the environment its server imports under, before any test changes it
 
 
 @pytest.hookimpl(tryfirst=True)

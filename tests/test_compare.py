@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from attnlab.compare import compare, main, show_diff
-import prefork
 from conftest import ROOT, run_cli
 
 QUICK = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
@@ -125,7 +124,7 @@ def test_bad_input_is_one_paragraph(grid, tmp_path, capsys, args, message):
 @pytest.mark.slow
 def test_python_m_attnlab_compare(grid):
     sweep, _ = grid
-    out = prefork.run([sys.executable, "-m", "attnlab.compare", str(sweep), "--metrics", "val/acc_best"],
+    out = subprocess.run([sys.executable, "-m", "attnlab.compare", str(sweep), "--metrics", "val/acc_best"],
                       cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ImageClassifier: 4 run(s)" in out.stdout, out.stderr[-2000:]
     assert json.loads((sweep / "0" / "metrics.json").read_text())
@@ -153,7 +152,7 @@ def test_an_80_column_or_piped_output_keeps_run_names_statuses_and_headers_whole
     import re
 
     _made_up_runs(tmp_path)
-    out = prefork.run([sys.executable, "-m", "attnlab.compare", str(tmp_path / "*"),
+    out = subprocess.run([sys.executable, "-m", "attnlab.compare", str(tmp_path / "*"),
                        *(["--group-by", group_by] if group_by else [])],
                       cwd=ROOT, env=os.environ | {"COLUMNS": "80"}, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from attnlab.checkpoints.io import AtomicCheckpointIO
-import prefork
 from conftest import ROOT, DATA_DIR, run_cli, wandb_offline
 
 
@@ -42,7 +41,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_file_intact(tmp_path, mon
 def test_sigterm_saves_the_current_step_before_exit(tmp_path):
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
                         "PYTHONUNBUFFERED": "1"}
-    proc = prefork.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=50", "extras.print_config=false",
          "callbacks.progress_bar=null", f"hydra.run.dir={tmp_path}/run"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -83,7 +82,7 @@ def test_sigterm_stops_a_run_of_two_ranks_after_the_same_step(tmp_path, to):
     run_dir = tmp_path / "run"
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_DATA_DIR": str(DATA_DIR),
                         "PYTHONUNBUFFERED": "1"}
-    proc = prefork.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "trainer=ddp_cpu", "trainer.devices=2", "trainer.max_epochs=50",
          "extras.print_config=false", "callbacks.progress_bar=null", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -122,7 +121,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
     steps_per_epoch = 1258 // 32  # digits' training split, data.batch_size=32, last partial batch dropped
 
     def run(run_dir):
-        out = prefork.run([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        out = subprocess.run([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:]
         return out.stdout
@@ -131,7 +130,7 @@ def test_a_killed_run_started_again_in_its_directory_continues_exactly(tmp_path)
 
     run_dir = tmp_path / "killed"
     last = run_dir / "checkpoints" / "last.ckpt"
-    proc = prefork.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     step, seen, deadline = 0, None, time.time() + 300
     while proc.poll() is None and time.time() < deadline:  # kill in the second epoch, after a mid-epoch save
@@ -425,7 +424,7 @@ def test_a_second_sigterm_ends_at_once_leaving_no_temporary_file_and_the_wandb_r
 
     run_dir = tmp_path / "run"
     env = os.environ | wandb_offline(tmp_path) | {"ATTNLAB_DATA_DIR": str(DATA_DIR), "PYTHONUNBUFFERED": "1"}
-    proc = prefork.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=50", "logger=wandb", "+model.backbone_kwargs={embed_dim:384,depth:12,num_heads:6}",
          "+callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.progress_bar=null",
          "extras.print_config=false", f"hydra.run.dir={run_dir}"],

@@ -1,9 +1,6 @@
-"""Every task's README recipe as a user runs it: `train.py` as a new `python` process (not forked from the tests'
-server) with empty caches, a few steps through fit, validation and test with the task's media, then `eval.py`,
-`predict.py` and `export.py` on its checkpoint. For the first task these are new processes too; for the others they
-are forked from the tests' server, which has imported only what every entry point imports first (each task's own
-modules are imported by the forked run, as by a new process: tests/test_prefork.py), and so is the run a recipe
-starts from. Each ends by itself with status 0 and no traceback in its output."""
+"""Every task's README recipe as a user runs it: `train.py` as a new `python` process with empty caches, a few steps
+through fit, validation and test with the task's media, then `eval.py`, `predict.py` and `export.py` on its
+checkpoint, each a new process too. Each ends by itself with status 0 and no traceback in its output."""
 
 from __future__ import annotations
 
@@ -48,15 +45,10 @@ FIRST = {"mae fine-tuning": "mae pretraining", "bert fine-tuning": "bert mlm"}
 
 
 def fresh_env(root: Path) -> dict[str, str]:
-    """A new user's process: not forked, empty compile, data and tokenizer caches."""
-    return wandb_offline(root) | {"ATTNLAB_TEST_PREFORK": "0", "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+    """A new user's process: empty compile, data and tokenizer caches."""
+    return wandb_offline(root) | {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
             "ATTNLAB_CACHE_DIR": str(root / "cache"), "ATTNLAB_LOG_DIR": str(root / "logs"),
             "ATTNLAB_EXIT_GRACE_S": "600"}
-
-
-def forked_env(root: Path) -> dict[str, str]:
-    """As fresh_env, the process forked from the tests' server."""
-    return {k: v for k, v in fresh_env(root).items() if k != "ATTNLAB_TEST_PREFORK"}
 
 
 def check_ran(out, what: str) -> None:
@@ -64,10 +56,10 @@ def check_ran(out, what: str) -> None:
     assert "Traceback" not in out.stdout and "still held" not in out.stdout, (what, out.stdout[-4000:])
 
 
-def train_fresh(task: str, root: Path, data: Path, fresh: bool = True) -> Path:
-    """The task's run, in a new process (or forked): -> its run folder."""
+def train_fresh(task: str, root: Path, data: Path) -> Path:
+    """The task's run, in a new process: -> its run folder."""
     args = TASKS[task][0]
-    env = fresh_env(root) if fresh else forked_env(root)
+    env = fresh_env(root)
     out = run_cli("train.py", *args, *BUDGET, env=env, data_dir=data, timeout=600)
     check_ran(out, f"train.py {' '.join(args)}")
     line = next(line for line in out.stdout.splitlines() if "run directory:" in line)
@@ -103,7 +95,7 @@ def image_of(data: Path, task: str, folder: Path) -> Path:
 @pytest.mark.parametrize("task", list(TASKS))
 def test_a_task_from_the_readme_runs_in_new_processes_through_eval_predict_and_export(task, tmp_path, small_data):
     if task in FIRST:  # new itself in its own task's test
-        train_fresh(FIRST[task], tmp_path, small_data, fresh=False)
+        train_fresh(FIRST[task], tmp_path, small_data)
     run_dir = train_fresh(task, tmp_path, small_data)
     for pattern in TASKS[task][2]:
         assert any(p.is_file() and p.stat().st_size > 0 for p in run_dir.glob(pattern)), \
@@ -114,7 +106,7 @@ def test_a_task_from_the_readme_runs_in_new_processes_through_eval_predict_and_e
     for script, *args in (("eval.py", f"ckpt_path={ckpt}", "trainer.limit_test_batches=2"),
                           ("predict.py", f"ckpt_path={ckpt}", *predict_args),
                           ("export.py", f"ckpt_path={ckpt}", "format=safetensors")):
-        env = fresh_env(tmp_path) if task == next(iter(TASKS)) else forked_env(tmp_path)
+        env = fresh_env(tmp_path)
         out = run_cli(script, *args, env=env, data_dir=small_data, timeout=600)
         check_ran(out, f"{script} {' '.join(args)}")
     assert any((tmp_path / "logs").rglob("model.safetensors"))

@@ -19,7 +19,6 @@ import pytest
 import torch
 import yaml
 
-import prefork
 from conftest import DATA_DIR, ROOT, run_cli
 from test_cli import QUICK
 
@@ -37,7 +36,7 @@ def _run_until(log_env: dict, out: Path, stop, sig: int) -> int:
     """Start the sweep; send `sig` as soon as stop() holds; the process's exit code."""
     env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(DATA_DIR)} | log_env
     with open(out, "w") as log:
-        proc = prefork.Popen([sys.executable, str(ROOT / "train.py"), *SWEEP], cwd=ROOT, env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *SWEEP], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while proc.poll() is None and not stop() and time.monotonic() < deadline:

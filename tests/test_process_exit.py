@@ -58,9 +58,9 @@ def test_the_process_ends_by_itself_whatever_threads_are_left(case, tmp_path):
 
 
 def _cold_env(tmp_path) -> dict[str, str]:
-    """A new user's machine: empty compile, data and tokenizer caches, a new interpreter (not forked)."""
+    """A new user's machine: empty compile, data and tokenizer caches."""
     return {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache"),
-            "ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_TEST_PREFORK": "0"}
+            "ATTNLAB_LOG_DIR": str(tmp_path / "logs")}
 
 
 @pytest.mark.slow

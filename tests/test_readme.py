@@ -28,7 +28,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 from PIL import Image
 
-import prefork
 from attnlab.config import CONF_DIR
 from conftest import ROOT
 from fixtures import caption_pairs
@@ -380,7 +379,7 @@ class Runner:
         self.last_run = runs[-1].parents[1]
 
     def subprocess(self, argv: list[str], env_prefix: dict) -> None:
-        out = prefork.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
+        out = subprocess.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
         assert out.returncode == 0, f"{' '.join(argv)}\n{out.stdout[-4000:]}"
         runs = sorted(self.cwd.glob("logs/*/runs/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)

@@ -18,7 +18,6 @@ import pytest
 import torch
 from PIL import Image
 
-import prefork
 from attnlab.errors import UserError
 from conftest import FAST, compose_cfg
 
@@ -289,7 +288,7 @@ def test_a_run_on_shards_killed_mid_epoch_continues_exactly(converted, tmp_path)
             f"+callbacks.kill.marker={tmp_path / 'killed'}"]  # epoch 2 (9 steps each), after the save at step 12
 
     def run(folder, *extra):
-        return prefork.run([*args, *extra, f"hydra.run.dir={folder}"], cwd=Path(__file__).parents[1], env=env,
+        return subprocess.run([*args, *extra, f"hydra.run.dir={folder}"], cwd=Path(__file__).parents[1], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
 
     whole = run(tmp_path / "whole")
@@ -331,7 +330,7 @@ def test_ddp_on_shards_gives_each_rank_its_own_samples(converted, tmp_path):
     _, shards, _ = converted
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "PYTHONUNBUFFERED": "1",
                         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    out = prefork.run([sys.executable, "train.py", "trainer=ddp_cpu", "data=imagefolder", "data.format=shards",
+    out = subprocess.run([sys.executable, "train.py", "trainer=ddp_cpu", "data=imagefolder", "data.format=shards",
                        f"data.root={shards}", "data.image_size=16", "data.batch_size=4", "data.num_workers=1",
                        "data.augment=null", "trainer.max_epochs=2", "test=false", *FAST,
                        "+callbacks.record._target_=test_shards.RecordSamples", f"+callbacks.record.folder={tmp_path}",

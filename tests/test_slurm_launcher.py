@@ -18,7 +18,6 @@ from attnlab.cluster.nodes import Cluster, parse_gpus, parse_minutes, parse_sinf
 from attnlab.cli.slurm.fit import default_lead, fit
 from attnlab.config import CONF_DIR
 from attnlab.errors import UserError
-import prefork
 from conftest import DATA_DIR, ROOT, run_cli
 from slurm_cluster import slurm
 
@@ -64,7 +63,7 @@ def test_two_nodes_train_like_one_process_with_the_same_global_batch(slurm_clust
     common = ["trainer.max_epochs=2", "data.augment=null", "test=false", "extras.print_config=false",
               "callbacks.progress_bar=null", "trainer.limit_train_batches=6", "global_batch_size=32"]
     env = os.environ | {"PYTHONUNBUFFERED": "1", "ATTNLAB_DATA_DIR": str(DATA_DIR)} | log_env
-    single = prefork.Popen([sys.executable, str(ROOT / "train.py"), *common, "data.batch_size=32",
+    single = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *common, "data.batch_size=32",
                             f"hydra.run.dir={tmp_path}/single"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     try:

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import prefork
 from attnlab.cluster.outcome import FINISHED, UNRECORDED_TEXT
 from conftest import ROOT
 from slurm_cluster import slurm
@@ -197,7 +196,7 @@ def reference_run(tmp: Path):
     """The same run, left alone, on this machine (forked from the tests' server: it is what the jobs are compared
     with, not a launch form under test)."""
     env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "ATTNLAB_LOG_DIR": str(tmp / "logs")}
-    return prefork.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"hydra.run.dir={tmp / 'alone'}"], cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *RUN, f"hydra.run.dir={tmp / 'alone'}"], cwd=ROOT,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from attnlab.cluster.outcome import UNRECORDED_TEXT as UNRECORDED
-import prefork
 from conftest import ROOT
 from slurm_cluster import slurm, start_daemon
 from test_slurm_preemption import PACE, PEER_NOTE_WAIT_S, Batch, Sweep, paced
@@ -43,7 +42,7 @@ def references(tmp, slurm_cluster):
     cluster. Not where the cluster cannot run (the tests skip)."""
     slurm_cluster(accounting=True)
     with open(tmp / "single.out", "w") as log:
-        single = prefork.Popen([sys.executable, str(ROOT / "train.py"), *TWO_NODES[4:8], "trainer=cpu",
+        single = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *TWO_NODES[4:8], "trainer=cpu",
                                 "data.batch_size=32", "global_batch_size=32", "data.num_workers=0",
                                 "callbacks.progress_bar=null", f"hydra.run.dir={tmp / 'single'}"], cwd=ROOT,
                                env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,

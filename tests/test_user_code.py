@@ -15,7 +15,6 @@ import pytest
 import torch
 from PIL import Image
 
-import prefork
 
 from attnlab.cli.training import train
 from attnlab.config import PLATFORM_KEYS, constructor_kwargs
@@ -92,7 +91,7 @@ def test_a_user_experiment_and_sweep_from_the_user_folder_with_config_dir(tmp_pa
     (importable as under `python -m`), two jobs, one results table."""
     env = os.environ | {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache"),
                         "PYTHONUNBUFFERED": "1"}
-    out = prefork.run(
+    out = subprocess.run(
         [sys.executable, "-m", "attnlab.train", "--config-dir", "configs", "-m", "experiment=lit_cnn_digits",
          "optimizer.lr=1e-3,1e-2", "trainer.max_epochs=1", "test=false", *SHORT],
         cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)

@@ -97,9 +97,6 @@ def run_process(main: Callable[[], Any]) -> None:
 # how long the end of a process may wait for threads and exit handlers before it exits without them
 EXIT_GRACE_ENV = "ATTNLAB_EXIT_GRACE_S"
 DEFAULT_EXIT_GRACE_S = 60.0
-# a file to which the end of a process writes the names of the modules it imported, one a line (how the tests compare
-# a process forked from their server with a new one)
-MODULES_FILE_ENV = "ATTNLAB_RECORD_MODULES"
 
 
 def end_process(code: int) -> NoReturn:
@@ -125,9 +122,6 @@ def _end_without_teardown(code: int) -> None:
     if run_handlers is None:  # another interpreter: it calls the handlers itself, then tears the modules down
         return
     run_handlers()
-    path = os.environ.get(MODULES_FILE_ENV)
-    if path:
-        Path(path).write_text("\n".join(sorted(sys.modules)) + "\n")
     _flush_streams()
     os._exit(code)
 
