@@ -35,7 +35,8 @@ def test_each_test_records_the_cpu_time_of_the_processes_it_started(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:]
     rows = {r["test"]: r for r in map(json.loads, (tmp_path / "cpu.main.jsonl").read_text().splitlines())}
     burns, sleeps = rows["test_two.py::test_burns_in_a_child"], rows["test_two.py::test_sleeps"]
-    assert burns["cpu"] >= 0.5 and burns["machine"] >= burns["cpu"] - 0.05, burns  # the child's, reaped
+    # the child's, reaped: its 0.5 s as the kernel's accounting counts them, in clock ticks (0.49 s seen)
+    assert burns["cpu"] >= 0.45 and burns["machine"] >= burns["cpu"] - 0.05, burns
     assert sleeps["wall"] >= 0.3 and sleeps["cpu"] < 0.1, sleeps
     report = pytest_cpu_time.report(list(rows.values()))
     assert report.splitlines()[0].startswith("2 tests in ")
