@@ -200,6 +200,7 @@ def test_objects_a_config_node_built_are_saved_as_that_node_and_built_again(tmp_
 
     from attnlab.callbacks.plain_hparams import config_nodes, plain_hparams, rebuild_hparams
     from attnlab.cli.builders import instantiate
+    from attnlab.settings import split_optimizer
 
     config = {"model": {"_target_": "userpkg.module.LitClassifier",
                         "net": {"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 3}},
@@ -209,7 +210,8 @@ def test_objects_a_config_node_built_are_saved_as_that_node_and_built_again(tmp_
                                  "optimizer": functools.partial(torch.optim.SGD, lr=0.1),
                                  "scheduler": functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2)},
             "datamodule_hyper_parameters": OmegaConf.create({"batch_size": 8}), "datamodule_hparams_type": dict}
-    assert plain_hparams(ckpt, config_nodes(config)) == []
+    own_arguments = split_optimizer(config["optimizer"])[0]  # as the run's plan holds them (RunPlan.optimizer)
+    assert plain_hparams(ckpt, config_nodes(config["model"], own_arguments, config["scheduler"])) == []
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
     buffer.seek(0)

@@ -20,8 +20,6 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from attnlab.settings import split_optimizer
-
 log = logging.getLogger("attnlab")
 
 KEY = "hparams_from_config"
@@ -29,14 +27,15 @@ PARTS = ("hyper_parameters", "datamodule_hyper_parameters")
 TYPE_KEYS = {"hyper_parameters": "hparams_type", "datamodule_hyper_parameters": "datamodule_hparams_type"}
 
 
-def config_nodes(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def config_nodes(model: dict[str, Any], optimizer: dict[str, Any] | None = None,
+                 scheduler: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """The config nodes a user's module got objects from (cli/builders.build_task): each `model.<key>` with a
-    `_target_` (Hydra instantiated it), and `optimizer` / `scheduler` as partials (attnlab's own keys taken off)."""
-    nodes = {k: v for k, v in (config.get("model") or {}).items() if isinstance(v, dict) and "_target_" in v}
-    if isinstance(config.get("optimizer"), dict) and config["optimizer"].get("_target_"):
-        nodes["optimizer"] = split_optimizer(config["optimizer"])[0] | {"_partial_": True}
-    if isinstance(config.get("scheduler"), dict) and config["scheduler"].get("_target_"):
-        nodes["scheduler"] = dict(config["scheduler"]) | {"_partial_": True}
+    `_target_` (Hydra instantiated it), and the optimizer (its own arguments, as the run's plan holds them) and the
+    scheduler as partials."""
+    nodes = {k: v for k, v in model.items() if isinstance(v, dict) and "_target_" in v}
+    for key, node in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if isinstance(node, dict) and node.get("_target_"):
+            nodes[key] = dict(node) | {"_partial_": True}
     return nodes
 
 
@@ -94,11 +93,12 @@ def rebuild_hparams(checkpoint: dict[str, Any], instantiate: Callable[..., Any])
 
 
 class PlainHyperparameters(Callback):
-    """Writes every checkpoint's hyperparameters as plain values (`plain_hparams`); `config`: the run's resolved
-    config, whose nodes built the module's objects."""
+    """Writes every checkpoint's hyperparameters as plain values (`plain_hparams`), from the nodes of the run's
+    resolved config that built the module's objects (`config_nodes`)."""
 
-    def __init__(self, config: dict[str, Any]):
-        self.nodes = config_nodes(config)
+    def __init__(self, model: dict[str, Any], optimizer: dict[str, Any] | None = None,
+                 scheduler: dict[str, Any] | None = None):
+        self.nodes = config_nodes(model, optimizer, scheduler)
         self._warned = False
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:

@@ -110,6 +110,9 @@ def train(cfg: DictConfig) -> float | None:
         return preflight(cfg, plan, model, dm)
     # what the run records (checkpoints, loggers): without the secrets it was given (attnlab.redact)
     resolved = redact(OmegaConf.to_container(cfg, resolve=True))
+    # the platform's callbacks: what the run records, its checkpoints' plain hyperparameters, its job's end
+    platform = [RunMetadata(resolved, plan.decided), PlainHyperparameters(resolved["model"], plan.optimizer,
+                resolved.get("scheduler")), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
     if in_run_dir:
         check_same_model(meta, resolved["model"], ckpt_path)
     elif ckpt_path:
@@ -122,9 +125,7 @@ def train(cfg: DictConfig) -> float | None:
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(resolved), out_dir / "config.yaml")
 
-    # ---- the platform's callbacks, the config's loggers and callbacks, the Trainer
-    platform = [RunMetadata(resolved, plan.decided), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost(),
-                PlainHyperparameters(resolved)]
+    # ---- the config's loggers and callbacks and the platform's, the Trainer
     loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
     pin_subprocess_ranks_to_job()
