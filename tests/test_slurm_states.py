@@ -30,7 +30,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hydra_plugins.attnlab_slurm_launcher import slurm_launcher as sl
+from hydra_plugins.attnlab_slurm_launcher import _states as machine, slurm_launcher as sl
 
 OUTAGE, MISSING = "OUTAGE", "MISSING"  # squeue fails; squeue answers without the job
 ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD"}
@@ -113,7 +113,7 @@ def fair(segments: list[tuple[str, int]]) -> list[tuple[str, int]]:
     job's next alive segment lasts less than the grace of the wait it may put the driver in (GONE_GRACE_S where the
     job is missing, else REQUEUE_GRACE_S), its segments scaled down where it does not."""
     segments = list(segments)
-    sure = [s >= sl.POLL_MAX_S and (state in ALIVE or state == OUTAGE) for state, s in segments]
+    sure = [s >= machine.POLL_MAX_S and (state in ALIVE or state == OUTAGE) for state, s in segments]
     alive = [i for i, (state, s) in enumerate(segments) if state in ALIVE and s > 0]
     gaps: list[list[int]] = [[]]
     for i in range(len(segments)):
@@ -127,7 +127,7 @@ def fair(segments: list[tuple[str, int]]) -> list[tuple[str, int]]:
         else:  # the last stretch: up to the job's last alive segment in it
             upto = [i for i in gap if any(i < j for j in alive)]
         states = {segments[i][0] for i in upto}
-        limit = sl.GONE_GRACE_S if MISSING in states else sl.REQUEUE_GRACE_S
+        limit = machine.GONE_GRACE_S if MISSING in states else machine.REQUEUE_GRACE_S
         total = sum(segments[i][1] for i in upto)
         if states - ALIVE - {OUTAGE} and total >= limit:
             for i in upto:
@@ -168,9 +168,9 @@ def lives(draw) -> Life:
         kinds = ["completed", "failed", None] if end == "COMPLETED" else ["failed", "error", None]
         result = draw(st.sampled_from(kinds))
         last_alive = [s for state, s in segments if state in ALIVE][-1]
-        result_at = draw(seconds(-min(20, last_alive), int(sl.RESULT_GRACE_S) - 1))
+        result_at = draw(seconds(-min(20, last_alive), int(machine.RESULT_GRACE_S) - 1))
     cut = draw(st.one_of(st.just(0), seconds(1, 60))) if result else 0
-    requeue_off = end in sl.MAYBE_REQUEUED and draw(st.booleans())
+    requeue_off = end in machine.MAYBE_REQUEUED and draw(st.booleans())
     return Life(tuple(fair(segments)), accounting, sacct, result, result_at, cut, requeue_off)
 
 
@@ -202,7 +202,7 @@ class World:
         self.job.task = lambda i: self.job
         self.job.paths.stdout.with_suffix(".err").write_text(f"slurmstepd: error: *** JOB {JOB_ID} ON n1 ENDED ***\n")
         self.written = ""
-        self.give_up = life.last_event + bound() + 4 * sl.POLL_MAX_S
+        self.give_up = life.last_event + bound() + 4 * machine.POLL_MAX_S
         self.tick()
 
     def tick(self) -> None:
@@ -228,7 +228,7 @@ class World:
         if state == MISSING or JOB_ID not in ids:
             return {}
         running = state in ("RUNNING", "COMPLETING")
-        return {JOB_ID: sl.Queued(state, "n1" if running else "", self.life.began(self.clock.now) if running else "")}
+        return {JOB_ID: machine.Queued(state, "n1" if running else "", self.life.began(self.clock.now) if running else "")}
 
     def sacct(self, job_id: str) -> str | None:
         return self.life.sacct_at(self.clock.now) if job_id == JOB_ID else None
@@ -242,7 +242,7 @@ class World:
 
 
 def bound() -> float:
-    return 2 * sl.POLL_MAX_S + max(sl.GONE_GRACE_S, sl.RESULT_GRACE_S, sl.REQUEUE_GRACE_S)
+    return 2 * machine.POLL_MAX_S + max(machine.GONE_GRACE_S, machine.RESULT_GRACE_S, machine.REQUEUE_GRACE_S)
 
 
 @contextmanager
@@ -266,11 +266,11 @@ def follow(life: Life) -> tuple[sl.Watched, float, list[logging.LogRecord]]:
     """watch() of the driver on the life: the job as it ended, the fake time of the verdict, the job's lines."""
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         world = World(life, Path(folder))
-        for name, fake in [("_queue_states", world.squeue), ("_sacct_state", world.sacct),
-                           ("_requeueable", world.requeueable),
-                           ("_accounting_on", lambda: life.accounting), ("time", world.clock),
-                           ("QUEUE", sl._Queue())]:
-            stack.enter_context(mock.patch.object(sl, name, fake))
+        for module, name, fake in [(sl, "_queue_states", world.squeue), (machine, "_sacct_state", world.sacct),
+                                   (machine, "_requeueable", world.requeueable),
+                                   (sl, "_accounting_on", lambda: life.accounting), (sl, "time", world.clock),
+                                   (machine, "time", world.clock), (sl, "QUEUE", sl._Queue())]:
+            stack.enter_context(mock.patch.object(module, name, fake))
         records = stack.enter_context(lines())
         w = sl.Watched(world.job, 0, ["seed=0"], set())
         sl.watch([w])
@@ -285,7 +285,7 @@ def expected(life: Life) -> set[str]:
     for state, s in reversed(life.segments):  # the segments after the last alive one
         if state in ALIVE and s > 0:
             break
-        shown |= state == end and s >= sl.POLL_MAX_S
+        shown |= state == end and s >= machine.POLL_MAX_S
     sure = shown or (life.accounting and life.sacct == end) or (life.result is not None and life.result_at <= 0)
     if end == "COMPLETED":
         right = {"COMPLETED" if life.result == "completed" else "FAILED"} if life.result else {"GONE"}
@@ -293,14 +293,14 @@ def expected(life: Life) -> set[str]:
         right = {"FAILED"}
     else:
         right = {end}
-    seen = [i for i, (state, s) in enumerate(life.segments) if state in ALIVE and s >= sl.POLL_MAX_S]
-    earlier = {state for state, _ in life.segments[seen[-1] + 1 if seen else 0:] if state in sl.MAYBE_REQUEUED}
+    seen = [i for i, (state, s) in enumerate(life.segments) if state in ALIVE and s >= machine.POLL_MAX_S]
+    earlier = {state for state, _ in life.segments[seen[-1] + 1 if seen else 0:] if state in machine.MAYBE_REQUEUED}
     return right if sure else right | {"GONE"} | earlier
 
 
 def check(life: Life) -> None:
     w, verdict_at, said = follow(life)
-    assert w.state in sl.FINAL
+    assert w.state in machine.FINAL
     assert w.state in expected(life), (w.state, expected(life))
     assert verdict_at >= life.over, f"verdict {w.state} at {verdict_at - T0:.0f} s, the job ran until " \
                                     f"{life.final_end - T0:.0f} s"
@@ -316,7 +316,7 @@ def check(life: Life) -> None:
     requeued = [r for r in said if r.getMessage().split(": ", 2)[-1].startswith("requeued")]
     assert len(requeued) <= attempts - 1, [r.getMessage() for r in said]
     # each attempt that ran for a poll's longest interval was seen running: each requeue between two such was said
-    seen = sum(state == "RUNNING" and s >= sl.POLL_MAX_S for state, s in life.segments)
+    seen = sum(state == "RUNNING" and s >= machine.POLL_MAX_S for state, s in life.segments)
     assert len(requeued) >= seen - 1, [r.getMessage() for r in said]
 
 
@@ -328,9 +328,7 @@ def test_the_driver_s_verdict_on_any_life_of_a_job(life):
 
 
 def test_the_state_machine_s_time_bound_is_the_driver_s():
-    from hydra_plugins.attnlab_slurm_launcher import _states
-
-    assert _states.VERDICT_BOUND_S == bound() == 240.0
+    assert machine.VERDICT_BOUND_S == bound() == 240.0
 
 
 # The lives hypothesis found the driver wrong on (and a few written by hand: "by hand"), each with what it shows.
@@ -392,15 +390,15 @@ def test_a_life_the_driver_was_wrong_on(life):
     check(life)
 
 
-@pytest.mark.parametrize("end", sorted(sl.MAYBE_REQUEUED))
+@pytest.mark.parametrize("end", sorted(machine.MAYBE_REQUEUED))
 def test_a_job_slurm_will_not_requeue_gets_its_verdict_without_the_requeue_wait(end):
     """Its budget of requeues spent, the job was made non-requeueable (Requeue=0): its end is final at the first poll
     that sees it, not after REQUEUE_GRACE_S; the same end of a requeueable job waits the grace."""
     life = Life((("PENDING", 5), ("RUNNING", 100), (end, 400)), requeue_off=True)
     w, verdict_at, _ = follow(life)
-    assert w.state == end and verdict_at - life.final_end <= sl.POLL_MAX_S, verdict_at - life.final_end
+    assert w.state == end and verdict_at - life.final_end <= machine.POLL_MAX_S, verdict_at - life.final_end
     w, verdict_at, _ = follow(Life(life.segments))
-    assert w.state == end and verdict_at - life.final_end >= sl.REQUEUE_GRACE_S, verdict_at - life.final_end
+    assert w.state == end and verdict_at - life.final_end >= machine.REQUEUE_GRACE_S, verdict_at - life.final_end
 
 
 def test_a_run_s_end_is_said_within_seconds_of_its_result_file():
@@ -409,7 +407,7 @@ def test_a_run_s_end_is_said_within_seconds_of_its_result_file():
     life = Life((("PENDING", 5), ("RUNNING", 600), ("COMPLETING", 2), ("COMPLETED", 300)), result="completed",
                 result_at=-2)
     w, verdict_at, said = follow(life)
-    assert w.state == "COMPLETED" and verdict_at - life.result_time <= 2 * sl.RESULT_LOOK_S + sl.POLL_S, \
+    assert w.state == "COMPLETED" and verdict_at - life.result_time <= 2 * machine.RESULT_LOOK_S + machine.POLL_S, \
         (verdict_at - life.result_time, [r.getMessage() for r in said])
 
 
@@ -420,5 +418,5 @@ def test_a_job_completing_with_its_result_written_is_over():
     life = Life((("PENDING", 5), ("RUNNING", 100), ("COMPLETING", 65), ("COMPLETED", 60)), result="completed",
                 result_at=-64)
     w, verdict_at, _ = follow(life)
-    assert w.state == "COMPLETED" and verdict_at - life.result_time <= sl.POLL_S + 2 * sl.RESULT_LOOK_S, \
+    assert w.state == "COMPLETED" and verdict_at - life.result_time <= machine.POLL_S + 2 * machine.RESULT_LOOK_S, \
         verdict_at - life.result_time

@@ -1,81 +1,31 @@
-"""The sweep driver's view of one SLURM job, as one state machine: what `watch`, `_follow` and `_ended` of
-slurm_launcher.py do at each poll, and the times that bound it. (A module whose name starts with an underscore:
-Hydra's plugin scan does not import it on its own.)
+"""The sweep driver's view of one SLURM job, as one state machine: `follow` is one poll's step, `ended` the verdict
+on a job the queue shows ended or no longer shows. (A module whose name starts with an underscore: Hydra's plugin
+scan does not import it on its own.)
 
-Inputs, one set a poll (every POLL_S at first; the interval grows by half at each poll that changes nothing, up to
-POLL_MAX_S, and is POLL_S again after a change; a job's result file showing between two polls, looked for every
-RESULT_LOOK_S, brings the next poll forward to then):
+A poll reads squeue's state of the job (an outage, squeue failing, teaches nothing and changes no state), sacct's
+while the job is missing, the run's result file, and scontrol's Requeue flag while a requeue may come. An ended job
+is in one wait, its timer started when it entered it (never carried over; after an outage every timer starts anew):
 
-- squeue's state of the job (and, running, when its attempt started), one of three kinds:
-  alive   in the queue and not ended: PENDING, CONFIGURING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD (and any other
-          state not in FINAL: SUSPENDED, REQUEUE_FED, SPECIAL_EXIT...);
-  ended   a state of FINAL: COMPLETED, FAILED, CANCELLED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE, and TIMEOUT, NODE_FAIL,
-          PREEMPTED (MAYBE_REQUEUED: SLURM may requeue the job from these, under the same id);
-  missing squeue answers, without the job (the controller has forgotten it, or lost it for a while);
-- an outage: squeue fails (slurmctld down or restarting; the job goes on on its nodes). Nothing is learnt from it;
-- sacct's state, asked while the job is missing and accounting is on; a state not in FINAL is no answer;
-- the run's result file (submitit's pickle: ("success", Hydra's JobReturn) or ("error", a traceback)), read while
-  the job is ended or missing; a file that cannot be read yet (being written) counts as not there;
-- scontrol's Requeue flag of the job, asked while it is in the requeue wait: 0 (the job made non-requeueable, its
-  budget of requeues spent) means SLURM runs it no more; None (the controller forgot the job) is no answer;
-- the run's own records (its lineage.json), which say why an attempt was requeued (the report line only).
+  requeue  ended TIMEOUT, NODE_FAIL or PREEMPTED: SLURM may run it again       at most REQUEUE_GRACE_S
+  result   ended COMPLETED, its result file not visible yet (a shared cache)  at most RESULT_GRACE_S
+  gone     missing from the queue, no end known                              at most GONE_GRACE_S
 
-The driver's state of a job (Watched.state, what its lines say): PENDING (alive, no attempt seen running since the
-last requeue), RUNNING (an attempt runs; `started`), CONFIGURING / COMPLETING / other alive states as squeue names
-them, "<STATE> (SLURM may requeue it)" (in the requeue wait below), and the verdict. Beside it, Watched.ended_as is
-the end the controller last gave for the current attempt (squeue's or sacct's state of FINAL), and Watched.waiting
-the one wait the job is in, its timer started at Watched.since:
-
-  requeue  the end is TIMEOUT, NODE_FAIL or PREEMPTED: SLURM may run the job again; at most REQUEUE_GRACE_S
-  result   the end is COMPLETED, the result file not visible yet (a shared filesystem's cache); at most RESULT_GRACE_S
-  gone     missing, no end known (nor any from sacct); at most GONE_GRACE_S
-
-Transitions, at a poll where squeue answers (the first rule that applies):
-
-  COMPLETING, result readable -> verdict from the result file as below: the run is over, SLURM is cleaning up
-                                (which can take a minute after an outage of the controller)
-  alive                      -> that state; the wait and the end known are dropped. Back in the queue after
-                                running (or after a requeue wait), squeue's REQUEUED, or running again without a poll
-                                seeing it pending (after another state, or with another start time than the attempt
-                                seen running): "requeued", said once a requeue, with the reason the run recorded
-  result file readable       -> verdict COMPLETED (its JobReturn is not FAILED), else FAILED (the run raised)
-  end COMPLETED              -> wait `result`; its grace past: verdict GONE
-  end in MAYBE_REQUEUED      -> wait `requeue` (said once); its grace past, or the job no longer requeueable
-                                (Requeue=0): verdict the end (TIMEOUT...)
-  end any other of FINAL     -> verdict the end (FAILED, CANCELLED, OUT_OF_MEMORY...)
-  no end known (missing)     -> wait `gone`; its grace past: verdict GONE
-
-where the end is squeue's state, else sacct's, else the one known before (Watched.ended_as).
-
-A wait's timer starts when the job enters that wait, from another wait or from none (`waited` below): it is never
-carried over from an earlier attempt, nor from another wait. An outage changes no state; when squeue answers again
-every timer starts anew (SLURM requeues nothing, and the driver sees nothing, while the controller is down).
-
-Verdicts: COMPLETED; FAILED (the run's result, or SLURM's state); CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED,
-OUT_OF_MEMORY, BOOT_FAIL, DEADLINE (SLURM's end); GONE (no result and no end known, or COMPLETED without a result
-file). A verdict is said once, in the job's last line: an error line with the last lines of its log, unless COMPLETED.
-
-Guarantees:
-- no verdict while the job is alive (COMPLETING with its result written aside), and none while SLURM can still run it
-  again provided its next attempt shows in squeue (alive) within the grace of the wait the driver is in
-  (REQUEUE_GRACE_S after TIMEOUT, NODE_FAIL, PREEMPTED; GONE_GRACE_S while it is missing), counted from the end of
-  any outage;
-- COMPLETED when the last attempt completed and its result file shows within RESULT_GRACE_S;
-- the time bound. An event is a change of squeue's or sacct's answer, the end of an outage, or the result file
-  showing. After a job's last event the next poll sees it within POLL_MAX_S, the wait that poll starts (or one
-  started before) lasts at most its grace, and the poll that finds it over comes at most POLL_MAX_S later: the
-  verdict comes at most VERDICT_BOUND_S (2 * POLL_MAX_S + the longest grace: 4 minutes) after the last event, plus
-  the time squeue and sacct themselves take (each timed out at 30 s). A job that stays alive (pending, held,
-  running) or a controller that stays down gets no verdict: SLURM can still run the job.
+Guarantees: no verdict while the job is alive, nor while SLURM can still run it again provided its next attempt
+shows in squeue within the wait's grace; COMPLETED when the last attempt completed and its result file shows within
+RESULT_GRACE_S; the verdict at most VERDICT_BOUND_S after the job's last event (a change of squeue's or sacct's
+answer, the end of an outage, the result file showing), plus squeue's and sacct's own time (each at most 30 s).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobStatus
+from hydra_plugins.attnlab_slurm_launcher._queries import Queued, _requeueable, _sacct_state
 
 POLL_S = 2.0  # the first interval between polls; it grows by half while nothing changes, up to POLL_MAX_S
 POLL_MAX_S = 30.0
@@ -85,13 +35,16 @@ REQUEUE_GRACE_S = 180.0  # a job ended in one of MAYBE_REQUEUED may be requeued 
 RESULT_LOOK_S = 1.0  # between polls, how often the driver looks for the result files of the jobs not ended
 RESULT_LOOKS_PER_S = 200  # at most this many result files looked for a second: a larger sweep looks less often
 MAYBE_REQUEUED = {"TIMEOUT", "NODE_FAIL", "PREEMPTED"}
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD")
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE", "GONE"}
 
 
 def verdict_bound_s(poll_max_s: float = POLL_MAX_S, gone_s: float = GONE_GRACE_S, result_s: float = RESULT_GRACE_S,
                     requeue_s: float = REQUEUE_GRACE_S) -> float:
-    """The longest a verdict comes after a job's last event (module docstring), squeue's and sacct's own time aside."""
+    """The longest a verdict comes after a job's last event, squeue's and sacct's own time aside: the next poll sees
+    the event within a poll's longest interval, the wait it starts lasts at most its grace, the poll finding it over
+    comes within another interval."""
     return 2 * poll_max_s + max(gone_s, result_s, requeue_s)
 
 
@@ -121,6 +74,65 @@ def result_verdict(w: Any) -> str | None:
         return None
     ok = w.outcome[0] == "success" and getattr(w.outcome[1], "status", None) != JobStatus.FAILED
     return "COMPLETED" if ok else "FAILED"
+
+
+def follow(w: Any, queue: dict[str, Queued], accounting: bool, report: Callable[[Any], None]) -> bool:
+    """One poll's news of a job (`w`: the driver's Watched): its state updated, and `report`ed when it changed.
+    -> whether it changed. The first rule that applies: COMPLETING with its result readable, the verdict from it;
+    alive, that state (back in the queue after running: REQUEUED, said once); ended or missing, `ended`."""
+    before = w.state
+    state, nodes, began = Queued(*queue.get(w.id, (None,)))
+    if state is None or state in FINAL:  # ended, or no longer in the queue: its verdict, or a wait
+        state = ended(w, accounting, state, report)
+        if state is None:
+            return w.state != before
+    elif state == "COMPLETING" and (verdict := result_verdict(w)) is not None:  # the run is over: SLURM cleans up
+        state = verdict
+    else:  # alive: what the driver waited for is over (a requeue; a controller that had lost the job for a while)
+        w.ended_as = w.waiting = None
+    if state in QUEUED and (w.started or (state == "REQUEUED" and not w.requeued)):
+        state = "REQUEUED"  # back in the queue after running: a time limit, a preemption, a lost node requeued it
+    elif state == "REQUEUED":
+        state = "PENDING"  # the requeue said already
+    elif state == "RUNNING" and w.started and (w.state != "RUNNING" or (began and w.began and began != w.began)):
+        w.state = "REQUEUED"  # requeued and started again between two polls: not seen running, or started anew
+        report(w)
+    changed = state != w.state
+    if changed:
+        w.state, w.nodes = state, nodes or w.nodes
+        report(w)
+    if state == "REQUEUED":
+        w.state, w.started, w.requeued, w.began = "PENDING", False, True, ""
+    elif state == "RUNNING":
+        w.started, w.requeued, w.began = True, False, began or w.began
+    return changed
+
+
+def ended(w: Any, accounting: bool, queue_state: str | None, report: Callable[[Any], None]) -> str | None:
+    """The verdict on a job that squeue shows ended (`queue_state`) or no longer shows (None): COMPLETED or FAILED
+    from its result file, else from its end (squeue's, sacct's, or the last one known) once its wait is over (the
+    module docstring's waits). None: not known yet."""
+    verdict = result_verdict(w)
+    if verdict is not None:
+        return verdict
+    if queue_state is None and accounting:
+        queue_state = _sacct_state(w.id)
+        queue_state = queue_state if queue_state in FINAL else None
+    w.ended_as = end = queue_state or w.ended_as  # what the controller said last stands while it says nothing
+    now = time.monotonic()
+    if end == "COMPLETED":  # its result is written before it ends: not visible here yet
+        return "GONE" if waited(w, "result", RESULT_GRACE_S, now) else None
+    if end in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
+        w.started = True  # an attempt ran: back in the queue, it was requeued
+        if waited(w, "requeue", REQUEUE_GRACE_S, now) or _requeueable(w.id) is False:
+            return end
+        if w.state != f"{end} (SLURM may requeue it)":
+            w.state = f"{end} (SLURM may requeue it)"
+            report(w)
+        return None
+    if end is not None:
+        return end
+    return "GONE" if waited(w, "gone", GONE_GRACE_S, now) else None
 
 
 def visible(path: Path) -> bool:

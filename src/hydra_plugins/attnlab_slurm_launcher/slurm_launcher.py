@@ -1,28 +1,12 @@
-"""`launcher=slurm`: Hydra's submitit launcher, with a sweep driver that watches its jobs itself.
+"""`launcher=slurm`: Hydra's submitit launcher, with a sweep driver that follows its jobs through the controller.
 
-Hydra's launcher submits the jobs of a multirun (or one Optuna trial) through submitit, then waits on each job's
-`results()`, which asks `sacct` for the job's state at every poll: where accounting is off it warns at every poll and
-never learns that a cancelled job is gone, and with accounting a cancelled job ends the whole sweep with submitit's
-traceback. This launcher submits the same way and then follows the jobs through the controller (`squeue`, which
-knows them while they are pending, running and for a while after; `sacct` where accounting is on, for how a job
-ended once the controller forgot it):
-
-- one line when a job changes state (pending, running on <nodes>, requeued, completed, failed, cancelled, timeout),
-  with its log file (requeued too when the job was requeued and started again between two polls: its start time);
-- a job that fails or is cancelled is one line with its state and the last lines of its log; the other jobs are
-  gathered all the same (their rows of `results.csv`), and a grid's driver exits with status 1 after the last one
-  ends, with one paragraph naming the jobs that did not complete (an Optuna sweep records them as failed trials);
-- a job that is gone (not in the queue, no result written) is reported after a short grace, never waited for;
-- what the controller cannot say is not taken for an answer: while `squeue` fails (slurmctld restarting, a short
-  outage: the jobs keep running on their nodes) no job is counted missing; a COMPLETED job whose result file is not
-  visible yet (a shared filesystem's cache) is waited for; TIMEOUT, NODE_FAIL and PREEMPTED are looked at again, since
-  SLURM may requeue the job. The driver's view of a job is one state machine, its waits and the time within which a
-  verdict comes written down in `_states.py`;
-- one `squeue` a poll for every job the driver follows (an Optuna sweep's parallel trials included), polling every
-  2 s at first and backing off to 30 s while nothing changes; between polls it looks for the jobs' result files
-  (a stat each, every second), and polls at once when one shows, so that a run's end is said within seconds;
-- Ctrl-C or SIGTERM of the driver cancels the jobs it submitted (each saves its `last.ckpt` first), so that the
-  same command run again continues (an Optuna study reruns the stopped trials with their parameters).
+Hydra's launcher waits on each job's `results()`, which asks `sacct` at every poll: without accounting it never
+learns that a cancelled job is gone, and with it a cancelled job ends the whole sweep with a traceback. This driver
+polls `squeue` once for all the jobs it follows (backing off from 2 s to 30 s while nothing changes; a result file
+showing brings the next poll forward), says one line per change of state, gathers the other jobs when one fails
+(a grid's driver then exits 1 with one paragraph naming them), and takes nothing the controller cannot say for an
+answer (the state machine of `_states.py`). Ctrl-C or SIGTERM of the driver cancels its jobs, each saving its
+`last.ckpt`, so that the same command continues the sweep.
 """
 
 from __future__ import annotations
@@ -40,15 +24,13 @@ from typing import Any, Sequence
 from attnlab.cluster.outcome import AttemptEnd, Outcome
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
-from hydra_plugins.attnlab_slurm_launcher._queries import (Queued, _accounting_on, _queue_states, _requeueable,
-                                                           _sacct_state)
-from hydra_plugins.attnlab_slurm_launcher._states import (FINAL, GONE_GRACE_S, MAYBE_REQUEUED, POLL_MAX_S, POLL_S,
-                                                          RESULT_GRACE_S, RESULT_LOOK_S, RESULT_LOOKS_PER_S,
-                                                          REQUEUE_GRACE_S, result_verdict, waited)
+from hydra_plugins.attnlab_slurm_launcher import _states
+from hydra_plugins.attnlab_slurm_launcher._queries import _accounting_on, _queue_states
+from hydra_plugins.attnlab_slurm_launcher._states import (FINAL, POLL_MAX_S, POLL_S,
+                                                          RESULT_LOOK_S, RESULT_LOOKS_PER_S)
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
 
 log = logging.getLogger("attnlab")
-QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD")
 TAIL_LINES = 5
 
 
@@ -70,7 +52,7 @@ class Watched:
         self.began = ""  # when the attempt seen running started (squeue's %S; "" when not known)
         self.requeued = False  # "requeued" said, and no attempt seen running since
         self.requeues = 0  # how many times "requeued" was said
-        # the state machine of _states.py: the end the controller last gave for this attempt, the one wait it is in
+        # _states.py's: the end the controller last gave for this attempt, the one wait it is in
         # ("requeue", "result", "gone"; None: none) and since when
         self.ended_as: str | None = None
         self.waiting: str | None = None
@@ -204,7 +186,7 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
                     for w in watched:  # SLURM requeued nothing, the driver saw nothing, meanwhile: the waits start anew
                         w.waiting = None
                 unreachable = False
-                changed = any([_follow(w, queue, accounting) for w in watched if w.state not in FINAL])
+                changed = any([_states.follow(w, queue, accounting, _report) for w in watched if w.state not in FINAL])
             if any(w.state not in FINAL for w in watched):
                 interval = poll_s if changed or woke else min(poll_max_s, interval * 1.5)
                 woke = _nap(watched, interval)
@@ -225,64 +207,6 @@ def _nap(watched: list[Watched], seconds: float) -> bool:
                 w.woke = True
                 return True
     return False
-
-
-def _follow(w: Watched, queue: dict[str, Queued], accounting: bool) -> bool:
-    """One poll's news of a job, a step of the state machine of _states.py: its state updated and reported when it
-    changed. -> whether it changed."""
-    before = w.state
-    state, nodes, began = Queued(*queue.get(w.id, (None,)))
-    if state is None or state in FINAL:  # ended, or no longer in the queue: its verdict, or a wait
-        state = _ended(w, accounting, state)
-        if state is None:
-            return w.state != before
-    elif state == "COMPLETING" and (verdict := result_verdict(w)) is not None:  # the run is over: SLURM cleans up
-        state = verdict
-    else:  # alive: what the driver waited for is over (a requeue; a controller that had lost the job for a while)
-        w.ended_as = w.waiting = None
-    if state in QUEUED and (w.started or (state == "REQUEUED" and not w.requeued)):
-        state = "REQUEUED"  # back in the queue after running: a time limit, a preemption, a lost node requeued it
-    elif state == "REQUEUED":
-        state = "PENDING"  # the requeue said already
-    elif state == "RUNNING" and w.started and (w.state != "RUNNING" or (began and w.began and began != w.began)):
-        w.state = "REQUEUED"  # requeued and started again between two polls: not seen running, or started anew
-        _report(w)
-    changed = state != w.state
-    if changed:
-        w.state, w.nodes = state, nodes or w.nodes
-        _report(w)
-    if state == "REQUEUED":
-        w.state, w.started, w.requeued, w.began = "PENDING", False, True, ""
-    elif state == "RUNNING":
-        w.started, w.requeued, w.began = True, False, began or w.began
-    return changed
-
-
-def _ended(w: Watched, accounting: bool, queue_state: str | None) -> str | None:
-    """The verdict on a job that squeue shows ended (`queue_state`) or no longer shows (None): COMPLETED or FAILED
-    from its result file, else from its end (squeue's, sacct's, or the last one known) once its wait is over
-    (_states.py). None: not known yet."""
-    verdict = result_verdict(w)
-    if verdict is not None:
-        return verdict
-    if queue_state is None and accounting:
-        queue_state = _sacct_state(w.id)
-        queue_state = queue_state if queue_state in FINAL else None
-    w.ended_as = end = queue_state or w.ended_as  # what the controller said last stands while it says nothing
-    now = time.monotonic()
-    if end == "COMPLETED":  # its result is written before it ends: not visible here yet
-        return "GONE" if waited(w, "result", RESULT_GRACE_S, now) else None
-    if end in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
-        w.started = True  # an attempt ran: back in the queue, it was requeued
-        if waited(w, "requeue", REQUEUE_GRACE_S, now) or _requeueable(w.id) is False:
-            return end
-        if w.state != f"{end} (SLURM may requeue it)":
-            w.state = f"{end} (SLURM may requeue it)"
-            _report(w)
-        return None
-    if end is not None:
-        return end
-    return "GONE" if waited(w, "gone", GONE_GRACE_S, now) else None
 
 
 def _report(w: Watched) -> None:
