@@ -20,9 +20,4 @@ What happens when...
 Every attempt of a SLURM job has one record in the run folder's ledger (`.requeues/<job>.<restart count>.json`),
 written before any requeue is asked for; the ranks count the budgets from the same files, whichever rank was lost.
 How an attempt ended is an `Outcome` (outcome.py) in the run's lineage, which the sweep driver reads.
-
-Modules: slurm_job.py (the job's ids, scontrol, the ledger), submitit_bridge.py (the one module that touches
-submitit's internals), exit.py (ending a process that cannot unwind), launch.py (one run folder for all the ranks of
-a launch), nodes.py and costs.py (the cluster's partitions, and what a job costs: sizing `launcher=slurm`'s jobs). The
-Lightning callbacks that act on signals and lost peers are in callbacks/ (signals.py, peers.py).
 """

@@ -1,29 +1,11 @@
 """What a run costs on a partition's nodes, measured by its own jobs, for `launcher.timeout_min=auto` and
-`launcher.mem_gb=auto` (attnlab.cli.slurm.estimates sizes the jobs from it).
+`launcher.mem_gb=auto`.
 
-A run trained in a SLURM job records, when it finishes, what it measured there: its start-up (the process's start
-to the first step), its seconds per training step (validation and checkpoints included: the job's whole time over
-its steps), its steps per epoch and its peak memory per node (`peak_memory_gb`: the job's cgroup on the node, else a
-task's peak x the tasks per node), or, when an attempt runs out of its time limit, that attempt's whole time over
-its steps (`ran_out`: callbacks/job_cost.py). The record goes in `<paths.cache_dir>/slurm/estimates.json`
-under the job's partition and the run's key, `fingerprint()`: a hash of what decides a step's cost,
-- the composed config's content (interpolations as written), less the keys that cannot change it (`costs()`): the
-  seed, tags, task name, paths, loggers, the learning rate and weight decay, callbacks that only print or log, the
-  extras (but `float32_matmul_precision` and `imports`), the launcher's and Hydra's own keys, and the run's length,
-  which the estimate multiplies (trainer.max_epochs, max_steps, max_time, min_epochs, min_steps). The limit_* keys
-  and the validation interval stay: they change the steps per epoch and a step's share of validation, which the
-  record measures;
-- devices per node and nodes, and the kind of node (CPUs, memory, GPUs and their type, as `sinfo` reports it);
-- the data: the files and folders the data config names (its size: files and bytes, a folder's first
-  MAX_DATA_ENTRIES entries), besides the data config's content above;
-- the code: the git commit of the working directory's checkout, and of attnlab's own when it is another one, as
-  the run's lineage records them (attnlab.lineage), with attnlab's version.
-The driver (at submit) and the job (at the start of training) compute it with the same function from the same
-composed config: the driver's Hydra composition of the sweep's job, the job's own `.hydra/config.yaml`.
-A later sweep of the same key on that partition sizes its jobs from it: time = start-up + steps x seconds per step,
-plus a quarter and 2 minutes (or the user's longer signal lead); memory per node = the peak plus a quarter and 1 GB.
-A step timed anywhere else (the submitting machine, another partition's nodes) is never used. With no record the job
-asks for the partition's limit and SLURM's default memory, as before, and the driver's line says so.
+A run trained in a SLURM job records, when it finishes (or runs out of time), its start-up, seconds per training
+step, steps per epoch and peak memory per node, in `<paths.cache_dir>/slurm/estimates.json` under the partition and
+the run's `fingerprint()`: a hash of what decides a step's cost (the config less the keys that cannot change it,
+`costs()`; devices, nodes and the kind of node; the data's size; the code's version). The driver and the job compute
+it with the same function from the same composed config. Only a step timed on that partition's nodes is used.
 """
 
 from __future__ import annotations

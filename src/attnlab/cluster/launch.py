@@ -1,26 +1,10 @@
 """One run folder for all the processes of one launch.
 
-A run started by a launcher outside train.py -- `srun python train.py` in a SLURM job (a user's own sbatch script),
-`torchrun --nnodes N` (Kubernetes operators, SkyPilot) -- is several processes, each composing the config with Hydra,
-each of which would claim a run folder of its own (`${claim_dir:...}`, named by the second it starts). The processes
-of one launch resolve one folder instead: global rank 0, numbered as Lightning's Trainer numbers them
-(TorchElasticEnvironment first, then SLURMEnvironment), claims it as a lone run does; the other ranks take rank 0's:
-
-- under torchrun, through the elastic agent's store (the TCPStore at MASTER_ADDR:MASTER_PORT that the workers'
-  process group also uses), which belongs to this launch alone;
-- under srun, through a small file beside the run folders, `<runs>/.launches/slurm-<cluster>-<job>.<step>.json`,
-  on the filesystem the nodes share (where the checkpoints go too).
-
-A launch that starts again keeps its folder, and continues there from its last.ckpt: a requeued SLURM job (its job
-id and step ids stay; SLURM_RESTART_COUNT grows), torchrun's workers restarted by their agent
-(TORCHELASTIC_RESTART_COUNT), and a torchrun launched again with the same `--rdzv-id` while its run is unfinished
-(TORCHELASTIC_RUN_ID; a finished run frees its id, and the default id, `none`, names no launch). Only rank 0 writes
-Hydra's `.hydra` folder and `train.log`; rank N logs to `train_rank<N>.log` (the `rank_zero_only` and `rank_suffix`
-resolvers of conf/hydra/default.yaml). A process that no launcher started (Lightning's own DDP children come with
-`hydra.run.dir` set) claims its folder as before.
-
-Nothing here imports torch unless the process was started by torchrun or srun (a rank asks Lightning's cluster
-environments for its rank while Hydra sets up logging).
+A run started by `srun python train.py` or `torchrun --nnodes N` is several processes, each composing the config.
+Global rank 0 (as Lightning numbers it) claims the run folder as a lone run does; the other ranks take rank 0's,
+through the elastic agent's store under torchrun, or through `<runs>/.launches/slurm-<cluster>-<job>.<step>.json`
+under srun. A launch that starts again (a requeued job, restarted workers, the same `--rdzv-id`) keeps its folder
+and continues from its last.ckpt. Nothing here imports torch unless torchrun or srun started the process.
 """
 
 from __future__ import annotations
