@@ -1,6 +1,7 @@
-"""Config-time helpers: OmegaConf resolvers and the model/data compatibility check.
+"""Config-time helpers: a composed config prepared (user imports, moved `_target_`s, platform keys), the OmegaConf
+resolvers, the model/data and schedule checks, and `compose_run`.
 
-Nothing here imports torch, so `train.py --cfg job` and `--help` stay fast.
+Nothing here imports torch at import time, so `train.py --cfg job` and `--help` stay fast.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ MOVED_MODULES = {f"attnlab.data.{old}": f"attnlab.data.{new}" for old, new in (
 
 
 def current_target(target: str) -> str:
-    """A `_target_` as it is named now (MOVED_TARGETS, MOVED_MODULES); a name of today's layout stays as it is."""
+    """The current name of a `_target_` that MOVED_TARGETS or MOVED_MODULES maps; any other name is returned as is."""
     target = str(target)
     if target in MOVED_TARGETS:
         return MOVED_TARGETS[target]
@@ -60,9 +61,8 @@ def current_target(target: str) -> str:
 
 
 def prepare(cfg: DictConfig) -> None:
-    """What every entry point does first with the composed config: import the user's modules, name moved
-    `_target_`s as they are now, fill in the platform keys a node leaves out, and refuse scheduler keys the chosen
-    schedule does not take. Cheap and idempotent."""
+    """Prepare a composed config in place: import the user's modules, rename moved `_target_`s, fill in the platform
+    keys a node leaves out, and refuse scheduler keys the chosen schedule does not take. Cheap and idempotent."""
     import_user_modules((cfg.get("extras") or {}).get("imports"))
     rename_moved_targets(cfg)
     apply_platform_defaults(cfg)
@@ -70,8 +70,8 @@ def prepare(cfg: DictConfig) -> None:
 
 
 def rename_moved_targets(cfg: DictConfig) -> None:
-    """Each `_target_` of the config named as it is now (`current_target`): a config of an earlier layout (a run
-    folder's, given to --rerun) builds, and records, today's names."""
+    """Rename each moved `_target_` of the config in place (`current_target`), so that a config of an older layout (a
+    run folder's, given to --rerun) builds, and records, the current names."""
     def moved(node, path):
         if isinstance(node, dict):
             for key, value in node.items():
@@ -91,7 +91,7 @@ def rename_moved_targets(cfg: DictConfig) -> None:
 
 
 def apply_platform_defaults(cfg: DictConfig) -> None:
-    """Give each config group's node the platform keys it leaves out (attnlab.settings)."""
+    """Give each config group's node the platform keys it leaves out, those whose default is not None."""
     for group, keys in PLATFORM_KEYS.items():
         node = cfg.get(group)
         if not isinstance(node, DictConfig):

@@ -1,5 +1,5 @@
-"""The devices a run asks for (`trainer.accelerator`, `trainer.devices`) against those the machine has. Plain values
-in, decided by the run's plan (cli/plan.py) once."""
+"""The devices a run asks for (`trainer.accelerator`, `trainer.devices`) against those the machine has: plain values
+in, a device count or a refusal out."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def device_count(accelerator: str, devices: Any) -> int:
 
 
 def check_devices(accelerator: str, devices: Any, precision: str) -> None:
-    """Refuse a GPU request this machine cannot serve, before Lightning fails somewhere deeper."""
+    """Refuse a GPU request this machine cannot serve, and float16 precision on the CPU (bf16 there is warned about),
+    before Lightning fails somewhere deeper."""
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     if on_cpu and precision.startswith("16"):
         raise UserError(f"trainer.precision={precision} (float16) needs a GPU; this run is on the CPU, where "

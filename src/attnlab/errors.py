@@ -1,6 +1,5 @@
-"""Errors a user can fix, and the one way they are shown: one paragraph on stderr, no traceback, exit status 2
-(`fail`). The entry points (attnlab.cli.app.run_app) and the command-line tools (data/fetch.py, compare/cli.py)
-all show them through `fail`."""
+"""Errors a user can fix, and the one way they are shown (`fail`): one paragraph on stderr, no traceback, exit
+status 2."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ class UserError(Exception):
 
 
 class SettingError(UserError, ValueError):
-    """A network's settings that do not fit together, named as the constructor's parameters (`n_embd=100`); the
-    entry points show them as the model's settings (model.*), where a run sets them."""
+    """A network's settings that do not fit together, named as the constructor's parameters (`n_embd=100`); its
+    message says they are the model's settings (model.*), where a run sets them."""
 
     def __str__(self) -> str:
         return f"the network's settings (model.* of a run): {super().__str__()}"
@@ -33,7 +32,8 @@ def user_message(err: BaseException) -> str:
 
 
 def fail(e: BaseException) -> None:
-    """The one place a UserError is printed: one paragraph on stderr, no traceback, exit status 2."""
+    """The one place a UserError is printed: one paragraph on stderr, no traceback, exit status 2; a secret's value
+    in it is redacted."""
     from attnlab.redact import redact_text
 
     msg = redact_text(user_message(e))  # a paragraph may quote a value: never a secret's

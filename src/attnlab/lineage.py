@@ -1,14 +1,7 @@
-"""Where a run came from: the command, the code (git commit, uncommitted changes), the environment (Python and the
-main libraries' versions), the machine (GPUs and driver, or CPU model and threads), the host and the times.
-
-Written as `lineage.json` in the run folder when training starts and again when it ends (the uncommitted changes
-as `lineage.diff` beside it), and stored in every checkpoint. A run started again in its folder (a requeued SLURM job,
-the same command again) keeps the earlier records under `earlier`: one record per attempt, numbered (`attempt`), each
-with how it ended (`outcome` and `cause`: cluster/outcome.py; `status`, the line a person reads) and, in a SLURM job,
-the job and how many times SLURM has restarted it (`slurm.restart_count`). A training run's record adds the trainer
-as it ran (`trainer`) and what its plan decided on this machine (`decided`: `{key: {asked, decided, why, on}}`,
-callbacks/run_metadata.py), which `--rerun` compares with what it decides (cli/rerun.py).
-`attnlab-compare --diff A B` shows how two runs' lineages differ."""
+"""Where a run came from: the command, the code (git commit, uncommitted changes), Python and the main libraries'
+versions, the machine (GPUs and driver, or CPU model and threads), the host and the times. `write` keeps it as the run
+folder's `lineage.json` (the diff as `lineage.diff`), the records of earlier attempts in the same folder under
+`earlier`, each attempt numbered (`attempt`) and saying how it ended (`outcome`, `cause`: cluster/outcome.py)."""
 
 from __future__ import annotations
 

@@ -88,9 +88,9 @@ def wandb_logger(project: str = "attnlab", offline: bool = False, log_samples: i
 
 def csv_logger(save_dir: str, name: str = "csv", version: str | int | None = "", append: bool = False,
                **kwargs: Any):
-    """Lightning's CSVLogger; with `append` (train.py sets it when the run resumes from a checkpoint) it continues an
-    existing metrics.csv instead of replacing it. Rows logged between the last checkpoint and the interruption then
-    appear twice: the later ones are the resumed run's."""
+    """Lightning's CSVLogger; with `append` it continues an existing metrics.csv instead of replacing it. For a
+    resumed run, rows logged between the last checkpoint and the interruption then appear twice: the later ones are
+    the resumed run's."""
     import csv
 
     from lightning.pytorch.loggers import CSVLogger

@@ -1,24 +1,7 @@
-"""The memory a training step needs, estimated before the run starts; runs too large for the machine are refused.
-
-The estimate adds, per process:
-- on CPU, what the process holds already (`process`: the interpreter and libraries, the data held in memory and the
-  weights, read from /proc/self/statm); on a GPU, the weights;
-- the gradients of the trainable parameters;
-- the optimizer's state: the bytes per parameter byte of the configured optimizer, measured on a small tensor after
-  one step (AdamW keeps two tensors per parameter, SGD with momentum one);
-- a second copy of the weights and buffers when a callback averages them (`callbacks=ema`: Lightning's
-  WeightAveraging and StochasticWeightAveraging);
-- the activations: one training step of the task run on fake tensors (`torch._subclasses.FakeTensorMode`: shapes
-  and dtypes, no data), on a real batch from the training loader, with every tensor the step allocates counted while
-  it lives; the peak of forward and backward together, so attention's B x H x T^2 scores count where
-  `scaled_dot_product_attention` cannot use a fused kernel and not where it can. Kernels also allocate what the
-  trace cannot see (oneDNN's reordered copies of convolution inputs, workspaces) and the allocator keeps freed
-  blocks: the traced peak is counted 1.25 times (the measured peaks were 1.1-1.5 times the trace on CPU).
-  The traced peak is kept in `<paths.cache_dir>/memory/`, keyed by everything it depends on (the network as
-  printed, the task's settings and code, the batch's shapes and dtypes, the precision, the library versions): the
-  trace takes from about a second (a small ViT) to ten (Swin-T), and the jobs of a sweep repeat it.
-It is compared with 90% of the memory available (MemAvailable plus what this process holds, divided among the
-local processes of a DDP run) on CPU, and with 90% of the free device memory on a GPU.
+"""The memory a training step needs per process, estimated before the run starts; a run too large for the machine is
+refused. The estimate adds the weights (on CPU, all the process holds), gradients, optimizer state, a callback's
+average of the weights, and one step's activations as traced (traced_step.py) times 1.25 for what the trace cannot
+see; the limit is 90% of the free GPU memory, or on CPU of MemAvailable plus this process's, shared by local processes.
 """
 
 from __future__ import annotations
@@ -63,9 +46,8 @@ class MemoryEstimate:
 
 # ---- what the machine has
 def peak_rss() -> int:
-    """This process's own peak resident memory in bytes: VmHWM on Linux (ru_maxrss there also counts the process it
-    was started from, up to its exec: a train.py started by a notebook would report the notebook's size), else
-    ru_maxrss (bytes on macOS)."""
+    """This process's own peak resident memory in bytes: VmHWM on Linux (whose ru_maxrss also counts the process it
+    started from, up to its exec), else ru_maxrss (bytes on macOS)."""
     import resource
 
     try:
@@ -80,7 +62,7 @@ def peak_rss() -> int:
 
 
 def process_rss() -> int:
-    """Resident memory of this process now (bytes); without /proc (macOS) the peak so far stands in for it."""
+    """Current resident memory of this process (bytes); without /proc (macOS) the peak so far stands in for it."""
     try:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -190,8 +172,9 @@ _NOT_IN_THE_STEP = {"optimizer", "scheduler", "monitor", "monitor_mode"}
 
 
 def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: str | None) -> int | None:
-    """activation_bytes, read from cache_dir when a step of the same network, settings, code and batch shapes was
-    traced before (and written there after a trace); a task with lazy modules is traced every time."""
+    """activation_bytes, read from `<cache_dir>/memory/` when a step of the same network, settings, code, batch
+    shapes and library versions has been traced before (and written there after a trace); a task with lazy modules
+    is traced every time."""
     if not cache_dir or any(is_lazy(p) for p in task.parameters()):
         return activation_bytes(task, batch, dtype)
     import hashlib

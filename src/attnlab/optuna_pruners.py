@@ -1,5 +1,5 @@
 """`hydra.sweeper.pruner`: Optuna's pruners by name (`median`, `percentile`, `successive_halving`, `hyperband`,
-`threshold`, `nop`) with their settings, or any pruner by `_target_`.
+`threshold`, `patient`, `wilcoxon`, `nop`) with their settings, or any pruner by `_target_`.
 
     hydra.sweeper.pruner=median
     hydra.sweeper.pruner={name: median, n_warmup_steps: 200}

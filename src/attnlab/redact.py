@@ -1,15 +1,7 @@
-"""Secrets never reach a run folder, which people copy, share and publish, nor the terminal. One rule decides what is a
-secret (`is_secret_key`: a key, token, secret, password, credential or PAT, in any naming style), by key and by value:
-
-- On the command line (`take_secret_overrides`, first thing in every entry point): an override whose key names a
-  secret, whose value (a dict or list, at any depth) holds such a key, or that holds a secret's value, is taken off
-  before Hydra sees it, so `.hydra/`, a sweep's folder names, `--cfg` and the lineage's command never hold it. It is
-  given back in memory (`restore`, at the end of `begin`): into the config, or for `hydra.job.env_set.<NAME>` into
-  the environment. The processes a run starts itself find it in theirs (`ATTNLAB_SECRET_OVERRIDES`).
-- In what attnlab writes and prints from the config (config.yaml, config_tree.log and its print-out, the
-  checkpoints' run config and hyperparameters, the loggers' hyperparameters, W&B's config) and in every log line
-  (`redact_logs`): the value of every key that names a secret, and every occurrence of a secret's value (those
-  taken off the command line, and those of every environment variable whose name names one), is `MASK`.
+"""Secrets never reach a run folder (which people copy, share and publish) nor the terminal. An override that names or
+holds a secret (`is_secret_key`, or a secret's value) is taken off the command line before Hydra sees it
+(`take_secret_overrides`) and given back in memory only (`restore`). In what attnlab writes from the config and in
+every log line, a secret key's value and every known secret value (`secret_values`) is `MASK` (`redact`, `redact_logs`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The platform's own settings, declared once with their types and defaults.
-
-- The platform keys: keys of a config group's node that are attnlab's, not its constructor's (`ModelKeys`,
-  `OptimizerKeys`, `DataKeys`). A node that leaves one out gets its default (None: none needed), so a user's own
-  LightningModule or LightningDataModule config holds nothing but its constructor's arguments; before a node is
-  instantiated they are taken off, unless its constructor names them (attnlab's own tasks and data modules take
-  them). `attnlab.config` applies and removes them; the config checks check them.
-- The run keys: the entry configs' own top-level keys (`RunSettings`: train.yaml's `train`, `test`, `resume`, ...;
-  eval.yaml's `split`, `decode`). `RunSettings.of(cfg)` reads them from a composed config, with the defaults below
-  for those it leaves out; the entry points read `settings.train`, never the config's raw key.
-- The optimizer's platform keys `blr` and `layer_decay`, split off an optimizer node in one place
-  (`split_optimizer`): the tasks, the memory estimate, the builders and the config checks all call it.
+"""The platform's own settings, declared once with their types and defaults: the platform keys of a config group's
+node, attnlab's and not its constructor's (`ModelKeys`, `OptimizerKeys`, `DataKeys`: a node that leaves one out gets
+its default, and they are taken off before it is instantiated unless its constructor names them), and the entry
+configs' own top-level keys (`RunSettings`).
 
 Nothing here imports torch, so `train.py --help` stays fast.
 """

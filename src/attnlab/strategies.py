@@ -1,12 +1,7 @@
-"""How a strategy meets the task's network: through the network's repeated blocks (`block_classes()`, see
-attnlab.protocols), each wrapped as its own FSDP unit under `trainer=fsdp`, and with
-`model.activation_checkpointing=true` recomputed in the backward pass instead of kept: by Lightning's FSDPStrategy
-(`activation_checkpointing_policy`) under FSDP, by torch's checkpoint wrapper around each block under any other
-strategy (DDP, one device).
-
-Lightning builds a strategy from the config before the model exists; attnlab's trainer builder
-(`attnlab.cli.builders.build_trainer`) builds the task first, and hands its block classes to the FSDP strategy here
-(`fsdp_strategy`) before the Trainer is created.
+"""How a strategy meets the task's network: through the network's repeated blocks (`block_classes`), each its own FSDP
+unit under `trainer=fsdp`, and with `model.activation_checkpointing=true` recomputed in the backward pass (by
+Lightning's FSDPStrategy under FSDP, by torch's checkpoint wrapper under any other strategy). `for_model` applies this
+to a built task, and gives the FSDP strategy to build the Trainer with.
 """
 
 from __future__ import annotations
@@ -55,9 +50,8 @@ def _import(name: str | type) -> type:
 def fsdp(sharding_strategy: str = "FULL_SHARD", activation_checkpointing: bool = False,
          state_dict_type: str = "sharded", cpu_offload: bool = False,
          block_classes: Iterable[str | type] | None = None, **kwargs: Any):
-    """Lightning's FSDPStrategy with each module of `block_classes` as its own FSDP unit, and with
-    `activation_checkpointing` each of them checkpointed. The trainer builder passes the block classes of the
-    task's network (`fsdp_strategy`); import paths in the config name others instead."""
+    """Lightning's FSDPStrategy with each module of `block_classes` (classes, or their import paths) as its own FSDP
+    unit, and with `activation_checkpointing` each of them checkpointed."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     classes = {_import(c) for c in block_classes or ()}
@@ -122,9 +116,9 @@ def fsdp_strategy(strategy, model: nn.Module, activation_checkpointing: bool = F
 
 
 def for_model(model: nn.Module, strategy, activation_checkpointing: bool = False):
-    """What the strategy needs of the task once it is built, done in one place: under FSDP (trainer.strategy, plain
-    values) the FSDP strategy given the network's block classes (`fsdp_strategy`), which checkpoints them itself;
-    under any other strategy None, the blocks checkpointed here when `activation_checkpointing` asks for it."""
+    """What the strategy needs of a built task: under FSDP (trainer.strategy as plain values), the FSDP strategy given
+    the network's block classes (`fsdp_strategy`), which checkpoints them itself; under any other strategy None, the
+    blocks checkpointed here when `activation_checkpointing` asks for it."""
     if is_fsdp(strategy):
         return fsdp_strategy(strategy, model, activation_checkpointing)
     if activation_checkpointing:

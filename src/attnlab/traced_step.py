@@ -1,6 +1,6 @@
-"""One training step of a task traced for the memory estimate (attnlab.memory): the peak bytes of the tensors it
-allocates, run quietly (no logging, metric, buffer or random-state changes that stay), and lazy modules given
-their parameters before it."""
+"""One training step of a task, run outside the trainer to measure it: the peak bytes of the tensors it allocates
+(`activation_bytes`, for attnlab.memory) and its FLOPs (`step_flops`). The step runs quietly: no logging, and no
+metric, buffer or random-state change that stays."""
 
 from __future__ import annotations
 

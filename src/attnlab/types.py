@@ -1,5 +1,5 @@
-"""Value ranges declared on the parameters that take them (`batch_size: PositiveInt`), checked with the config
-before anything is built (attnlab.cli.checks): the range moves with its parameter wherever the code goes."""
+"""Value ranges and settings types declared on the parameters that take them (`batch_size: PositiveInt`), checked
+with the config before anything is built: the range moves with its parameter wherever the code goes."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""Lightning's ModelCheckpoint, changed where a resumed or stopped run needs it:
-
-- `last.ckpt` is written at every save point. Lightning >= 2.5 refreshes it only when a top-k checkpoint was
-  saved in the same step, so a run whose monitored metric stopped improving would resume from an old epoch.
-- On SIGTERM (a cluster's preemption or `kill`) or Ctrl-C, the current state is saved to `last.ckpt` before exit.
-  Other errors (a NaN loss, bad input) save nothing: what was written before them stays the last good state.
-
-- A step save (`every_n_train_steps`) at a batch a validation follows waits for the save after that validation:
-  Lightning resumes a checkpoint of such a batch past the validation, which would never run.
-- A checkpoint saved while a validation of the fit is under way (a stop during it) resumes by running that
-  validation again whole: as Lightning saves it, the run would go on past it (and a stop in the last validation
-  would leave the run without validation metrics).
-- A run resumed mid-epoch uses the interrupted run's last monitored value until its first validation, so
-  `every_n_train_steps` saves keep the best checkpoint an uninterrupted run would keep.
-- On a tie of the monitored metric the newer checkpoint wins: with an annealed schedule the later weights are the
-  better ones, and a small validation set ties often (accuracy moves in steps of 1/len(val)).
-
-Files are written to a temporary name and renamed, so no checkpoint is ever half-written. Where a top-k checkpoint
-was saved at the same step, `last.ckpt` is a hard link to it (else a relative symbolic link, else a copy, by what the
-filesystem allows), made at a temporary name and renamed too: the run keeps each step's weights once on disk.
+"""attnlab's ModelCheckpoint: Lightning's, for runs that stop and resume. `last.ckpt` is written at every save point and
+on SIGTERM or Ctrl-C (other errors save nothing); a checkpoint saved mid-validation resumes by redoing that validation;
+a tie of the monitored metric goes to the newer checkpoint; a loaded checkpoint's callback states keep no path outside
+this run's checkpoint folder. On a local disk, `last.ckpt` links to the top-k file saved at the same step, if any.
 """
 
 from __future__ import annotations
@@ -92,8 +76,8 @@ class ModelCheckpoint(CheckpointBase):
         return trainer.strategy.reduce_boolean_decision(better)
 
     def links_last(self, trainer) -> bool:
-        """On a local disk, with every checkpoint written whole and renamed into place (AtomicCheckpointIO): a link
-        never sees its file rewritten in place. Sharded strategies write their own checkpoints, and last.ckpt too."""
+        """Only on a local disk whose checkpoints are renamed into place (AtomicCheckpointIO): a linked file is never
+        rewritten in place."""
         from attnlab.checkpoints.io import AtomicCheckpointIO
 
         return self.on_local_disk() and isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
@@ -186,11 +170,9 @@ def confined(state: Any, dirpath: str | None, key: Any = None) -> tuple[Any, lis
 
 
 def _moved(state: dict, dirpath: str | None) -> dict:
-    """The callback's state of a run folder that was moved (copied off a cluster's scratch, renamed) and continues
-    in its new place: its paths named in the new folder, so that last.ckpt and the top-k files stay the ones it
-    replaces and prunes (Lightning keeps none of them when the folder changed, and would write `last-v1.ckpt`
-    beside the last.ckpt it resumed from). A state from another folder whose files are not here (ckpt_path= of
-    another run) is left as it is."""
+    """The callback's state of a run folder moved to `dirpath` (copied off a cluster's scratch, renamed), its paths
+    named in the new folder, so that the run goes on replacing and pruning its own last.ckpt and top-k files. A state
+    whose last.ckpt is not found in `dirpath` (another run's: ckpt_path=) is returned as it is."""
     old = state.get("dirpath")
     if not old or not dirpath or old == dirpath:
         return state

@@ -16,10 +16,9 @@ MIN_STEPS = 5  # fewer steps than this measure the start more than the steps
 
 
 class JobCost(Callback):
-    """Rank 0 of a run trained to its end in a SLURM job records its start-up, seconds per step, steps per epoch and
-    peak memory per node (job_costs.peak_memory_gb) under the job's partition and the run's key
-    (job_costs.fingerprint), which it computes when training starts from the job's own composed config (Hydra's
-    `.hydra/config.yaml`), its devices and nodes, its node's kind (`sinfo`) and its lineage's commits."""
+    """On rank 0 of a SLURM job: the run's start-up, seconds per step, steps per epoch and peak memory per node,
+    recorded under the job's partition and the run's key (`where_recorded`) when fit ends after at least MIN_STEPS
+    steps, or when the attempt runs out of time (`out_of_time`)."""
 
     def __init__(self):
         self.startup_s: float | None = None
@@ -66,10 +65,9 @@ class JobCost(Callback):
 
 
 def out_of_time(trainer) -> None:
-    """This attempt of the job ran out of its time limit (SLURM's warning of it, or its SIGTERM at it): its step time
-    is its whole time (the process's age: start-up, steps, validation, checkpoints) over the steps it did, recorded in
-    place of the estimate that proved too short (a later attempt of the same job does not lower it: job_costs.record).
-    Rank 0 records, once per attempt; elsewhere, or outside a SLURM job, it does nothing."""
+    """Record an attempt that ran out of its time limit: its step time is the process's whole age (start-up,
+    validation and checkpoints included) over the steps it did, marked `ran_out` so that a later attempt of the same
+    job does not lower it (attnlab.cluster.costs.record). Rank 0 only, once per attempt; nothing outside a SLURM job."""
     from attnlab.cluster.costs import process_age_s
 
     cost = JobCost.of(trainer)
@@ -80,11 +78,9 @@ def out_of_time(trainer) -> None:
 
 
 def ran_out_of_time(trainer, exception: BaseException) -> bool:
-    """Whether the run is stopping on its time limit. SignalGuard (callbacks/signals.py), whose on_exception comes
-    before this callback's (train.py's order), has recorded how the attempt ends in the lineage: `... time limit ...`
-    (submitit's judgement: the job has run about its time limit), or `... SLURM's warning ...` (a batch script of
-    the user's own) while no preemption is under way; a plain SIGTERM counts when it came at the job's end time
-    (SLURM_JOB_END_TIME, where SLURM sets it)."""
+    """Whether a SIGTERMException stops the run on its time limit, by the attempt's end as recorded in the lineage
+    (SignalGuard's on_exception must come first): a time limit; SLURM's warning while no preemption is under way; or a
+    plain stop within a minute of the job's end time (SLURM_JOB_END_TIME, where SLURM sets it)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from attnlab.callbacks.run_metadata import RunMetadata

@@ -1,10 +1,6 @@
-"""Pruning inside an Optuna sweep (`hydra.sweeper.pruner`): the job reports its monitored metric to its own trial at
-every validation, and a trial the study's pruner prunes stops at once.
-
-The sweeper (`hydra_plugins.attnlab_optuna_sweeper`) hands each job its trial through the job's environment
-(`hydra.job.env_set`: the storage, the study, the trial), so the job opens the study from the shared storage as any
-launcher's process can: in-process, a submitit or SLURM job, every rank of a DDP job (rank 0 reports, all stop
-together). Outside such a sweep the callback does nothing."""
+"""Pruning inside an Optuna sweep (`hydra.sweeper.pruner`): rank 0 reports the monitored metric to the job's trial at
+every validation, and every rank stops together (optuna.TrialPruned) when the study's pruner prunes it. The job finds
+its study and trial in its environment (ATTNLAB_OPTUNA_*); outside such a sweep the callback does nothing."""
 
 from __future__ import annotations
 

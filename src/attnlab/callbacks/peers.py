@@ -1,10 +1,7 @@
-"""The Lightning callback that tells a lost rank of a multi-rank run from a failed one: `PeerWatch`.
-
-A rank that fails on an error of its own leaves a note in the run folder (`.ranks/`) first; a rank whose collective
-breaks (gloo's connection reset, NCCL's aborted communicator, torch's DistNetworkError) waits a few seconds for one.
-A note: the peer failed, and this rank fails with it. None: the peer was lost, and attnlab.cluster.rules decides
-whether the job is requeued (its ledger's budget), or fails once and for all. What happens in each case: the
-attnlab.cluster package docstring.
+"""`PeerWatch`: tells a lost rank of a multi-rank run from a failed one. A rank that fails on an error of its own first
+leaves a note in the run folder (`.ranks/`); a rank whose collective breaks waits a few seconds for a peer's note. A
+note: this rank fails with that peer. None: the peer is lost, and attnlab.cluster.rules decides whether the SLURM job
+is requeued (within its ledger's budget) or fails for good.
 """
 
 from __future__ import annotations
@@ -66,9 +63,9 @@ class PeerWatch(Callback):
             ledger_of(trainer).note(RUNNING)  # the attempt began: a later one counts it if it ends without a word
 
     def refuse_past_budget(self, trainer) -> None:
-        """An attempt that SLURM itself started past the lost-peer budget (a node failure whose surviving ranks were
-        ended before they could decide, so no rank made the job non-requeueable) does not train: the job fails here
-        on every rank alike (the same ledger), is made non-requeueable, and rank 0 says why, once."""
+        """An attempt that SLURM requeued on its own past the lost-peer budget (after a node failure) does not
+        train: every rank fails here alike (they read the same ledger), the job is made non-requeueable, and rank 0
+        says why, once."""
         spent, (budget, named) = ledger_of(trainer).spent(LOST), requeue_budget(trainer)
         decision = decide(Event.STARTED, JobState(in_slurm=True, spent=spent, budget=budget))
         if decision.exit_code is None:
@@ -121,9 +118,8 @@ class PeerWatch(Callback):
         self.on_lost(trainer, exception)
 
     def note_loss(self, trainer) -> None:
-        """Before the wait for a peer's note, as SLURM may requeue the job itself meanwhile (its batch host lost) and
-        end this process too: the loss in the ledger, and past the budget a job no longer requeueable (no requeue
-        follows, whether a peer was lost or failed)."""
+        """Note the loss in the ledger and, past the budget, make the job non-requeueable: before the wait for a
+        peer's note, since SLURM may requeue the job (and end this process) meanwhile."""
 
 
         ledger = ledger_of(trainer)

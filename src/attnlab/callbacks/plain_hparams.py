@@ -1,14 +1,7 @@
-"""Hyperparameters saved as plain values, so that every checkpoint loads with `weights_only=True`.
-
-A LightningModule in lightning-hydra-template's style keeps objects among its hyperparameters
-(`self.save_hyperparameters()` records its constructor's arguments): the network (`net`, an `nn.Module` that
-Hydra built from its config node) and, unless ignored, the optimizer and schedule (Hydra partials). Pickled into a
-checkpoint, they would take a full unpickling to load, which can run any code. This callback writes each of them as
-the config node that built it instead (`model.net` with its `_target_`; the `optimizer` and `scheduler` nodes as
-partials), lists them under `hparams_from_config`, and turns OmegaConf containers into plain dicts and lists;
-`rebuild_hparams` builds them again when attnlab loads the checkpoint (cli/builders.load_task), after checking what
-they name (checkpoints/trust.py). A hyperparameter object that no config node built stays pickled: its checkpoints
-then load only with `trust_checkpoint=true` (one warning says so when the first checkpoint is saved).
+"""Hyperparameters saved as plain values, so that every checkpoint loads with `weights_only=True`: each object that a
+config node built (`model.net`, the optimizer and scheduler partials) is written as that node, listed under
+`hparams_from_config`, and built again on load (`rebuild_hparams`) once checkpoints/trust.py admits what it names. An
+object no config node built stays pickled: its checkpoints load only with `trust_checkpoint=true` (one warning says so).
 """
 
 from __future__ import annotations
@@ -29,9 +22,8 @@ TYPE_KEYS = {"hyper_parameters": "hparams_type", "datamodule_hyper_parameters": 
 
 def config_nodes(model: dict[str, Any], optimizer: dict[str, Any] | None = None,
                  scheduler: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The config nodes a user's module got objects from (cli/builders.build_task): each `model.<key>` with a
-    `_target_` (Hydra instantiated it), and the optimizer (its own arguments, as the run's plan holds them) and the
-    scheduler as partials."""
+    """The config nodes that built a module's objects: each `model.<key>` with a `_target_`, and the optimizer and
+    scheduler nodes as partials."""
     nodes = {k: v for k, v in model.items() if isinstance(v, dict) and "_target_" in v}
     for key, node in (("optimizer", optimizer), ("scheduler", scheduler)):
         if isinstance(node, dict) and node.get("_target_"):
@@ -81,7 +73,8 @@ def plain_hparams(checkpoint: dict[str, Any], nodes: dict[str, dict[str, Any]]) 
 
 
 def rebuild_hparams(checkpoint: dict[str, Any], instantiate: Callable[..., Any]) -> None:
-    """The objects `plain_hparams` wrote as config nodes, built again (in place), as the run built them."""
+    """The objects `plain_hparams` wrote as config nodes, built again (in place), each node admitted by
+    checkpoints.trust first."""
     hparams = checkpoint.get("hyper_parameters") or {}
     for key in checkpoint.get(KEY) or []:
         node = hparams.get(key)
@@ -94,7 +87,7 @@ def rebuild_hparams(checkpoint: dict[str, Any], instantiate: Callable[..., Any])
 
 class PlainHyperparameters(Callback):
     """Writes every checkpoint's hyperparameters as plain values (`plain_hparams`), from the nodes of the run's
-    resolved config that built the module's objects (`config_nodes`)."""
+    resolved config that built the module's objects (`config_nodes`), and without the run's secrets (attnlab.redact)."""
 
     def __init__(self, model: dict[str, Any], optimizer: dict[str, Any] | None = None,
                  scheduler: dict[str, Any] | None = None):

@@ -1,8 +1,7 @@
-"""Stores the run's resolved config, W&B run id, lineage and last logged metrics in every checkpoint, so a checkpoint
-alone can be evaluated, used for prediction, resumed into the same W&B run, or traced back to the code and machine
-that made it; writes the run folder's `lineage.json` when training starts and ends (`attnlab.lineage`): one record
-per attempt of the run in its folder (a SLURM job requeued, a run started again), each saying how it ended, with what
-the run's plan decided on this machine (`decided`: `{key: {asked, decided, why, on}}`, cli/plan.py)."""
+"""Stores the run's resolved config, W&B run id, lineage and last logged metrics in every checkpoint, so that a
+checkpoint alone can be evaluated, resumed into the same W&B run, or traced back to the code and machine that made it;
+and writes the run folder's `lineage.json` (attnlab.lineage) when training starts and when an attempt ends, with the
+trainer as it runs and what the run's plan decided (`decided`)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ def wandb_run_id(trainer: L.Trainer) -> str | None:
 
 
 def trainer_as_run(trainer: L.Trainer) -> dict[str, Any]:
-    """What the Trainer was given, as it runs: its devices, nodes, precision, accumulation and strategy."""
+    """The Trainer as it runs: its accelerator, devices, nodes, precision, accumulation and strategy."""
     return {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
             "devices": trainer.num_devices, "num_nodes": trainer.num_nodes, "world_size": trainer.world_size,
             "precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches,

@@ -1,12 +1,7 @@
-"""The Lightning callback that acts on a job's signals during training: `SignalGuard`.
-
-It takes SIGTERM and SLURM's warning (SIGUSR1, and submitit's own signal under launcher=slurm), saves `last.ckpt`
-after the current step (every rank after the same step), tells a time limit from a preemption by what SLURM says of
-the job, and carries out what attnlab.cluster.rules decides: stop, stop at once, requeue or not, with which status.
-What happens in each case, and why: the attnlab.cluster package docstring. Lightning's own SLURM requeue handler is
-off (`slurm_job.slurm_environment`); submitit's SIGTERM and SIGCONT handlers are replaced during training, and so is
-Lightning's SIGTERM handler, which broadcasts to the ranks from inside the handler: a rank in another collective then
-waits forever. No collective runs in a signal handler here; ranks meet only after a step.
+"""`SignalGuard`: acts on SIGTERM and on SLURM's warning (SIGUSR1, and submitit's signal under launcher=slurm) during
+training. It saves `last.ckpt` after the current step (every rank after the same one), tells a time limit from a
+preemption by what SLURM says of the job, and carries out what attnlab.cluster.rules decides. Its handlers replace
+Lightning's and submitit's during training, and never run a collective: ranks meet only after a step.
 """
 
 from __future__ import annotations
@@ -85,11 +80,9 @@ class SignalGuard(Callback):
         self.decide_together(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        """A warning that comes during validation is acted on after the current validation batch, not after the
-        next training step (a long validation would outlast the warning's lead). Every rank runs the same number of
-        validation batches (the distributed sampler pads), so they decide together here too; the loop then stops
-        (Lightning's SIGTERMException mid-evaluation). last.ckpt holds the last training step, and the requeued
-        run runs the interrupted validation again whole before it trains on (callbacks/checkpoint.py)."""
+        """A signal that comes during fit's validation is acted on after the current validation batch, not after
+        the next training step (a long validation would outlast the warning's lead). Every rank runs the same number
+        of validation batches (the distributed sampler pads), so they decide together here too."""
         if not trainer.sanity_checking and trainer.state.fn == "fit":
             self.decide_together(trainer)
 
@@ -111,8 +104,8 @@ class SignalGuard(Callback):
             stop_after_this_step(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        """Training has ended (the test pass and the report follow): SLURM's warning from now on has nothing to
-        save and needs no requeue, and is ignored (not left to end the process: its default action)."""
+        """After training (the test pass and the report may follow): SIGTERM back to its default action, and SLURM's
+        warning ignored, as there is nothing left to save or requeue (its default action would end the process)."""
         if stage != "fit":
             return
         if signal.getsignal(signal.SIGTERM) == self.on_sigterm:
@@ -164,9 +157,8 @@ class SignalGuard(Callback):
                         "stopping after the current step, to save it and requeue the job.\n".encode())
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        """Lightning's stop on a signal is a SystemExit without a code (status 0, as if the run had finished): say
-        what was saved and give it SIGTERM's status. On SLURM's warning, save last.ckpt now (attnlab's
-        ModelCheckpoint, whose save comes later in this round of hooks, then finds this step saved) and requeue."""
+        """Lightning's stop on a signal (a SIGTERMException, a SystemExit that would exit 0) gets the status STOPPED
+        and one line saying what it saved; after SLURM's warning, last.ckpt is saved first and the job requeued."""
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if not isinstance(exception, SIGTERMException):
@@ -211,7 +203,10 @@ class SignalGuard(Callback):
                     f"{STOPPED} (not finished).\n".encode())
 
     def cause(self, trainer, fields: dict[str, str]) -> Cause:
-        """Why SLURM warned, as SLURM tells it (`fields`: scontrol show job): the module docstring's rules."""
+        """Why SLURM warned (`fields`: scontrol show job): a preemption when SLURM is preempting the job; outside
+        submitit, SLURM's warning; else a time limit when the warning came within the launcher's `signal_delay_s`
+        (plus WARNING_SLACK_S) of the job's end, a preemption otherwise (submitit's judgement where either is
+        unknown)."""
         from attnlab.cluster.slurm_job import seconds_left
         from attnlab.callbacks.run_metadata import RunMetadata
 

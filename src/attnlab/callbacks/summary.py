@@ -1,8 +1,6 @@
-"""Lightning's RichModelSummary, with the FLOPs a task really takes: Lightning counts FLOPs only through a model's
-`example_input_array`, which attnlab's tasks (whose steps take whole batches) do not declare, and would print
-`Total FLOPs: 0`. Here the total is one training sample's forward pass and loss (the task's step on the first
-sample of the first training batch, counted by torch's FlopCounterMode), and the per-layer column, which only an
-example input fills, reads "—"."""
+"""Lightning's RichModelSummary with the FLOPs a task really takes, for a task without an `example_input_array`: the
+total is one training sample's forward pass and loss (the task's step on the first sample of the first training
+batch, counted by torch's FlopCounterMode), and the per-layer FLOPs column reads "—"."""
 
 from __future__ import annotations
 

@@ -11,16 +11,12 @@ from attnlab.protocols import task as task_hooks
 
 
 class Throughput(L.Callback):
-    """Throughput over windows of `log_every_n_steps` training batches, data loading included.
-
-    Reads the clock only at window edges, after waiting for the device's queued work (one synchronisation per
-    window), so each window's time holds its own steps' GPU work and not the next window's.
+    """Throughput over windows of `log_every_n_steps` training batches, data loading included; the clock is read only
+    at a window's edges, after the device's queued work (one synchronisation per window).
 
     Data wait: the host's time from the end of one training batch to the start of the next (the loader's next batch,
-    its transfer and `on_after_batch_transfer`; not a validation in between), its mean per step (`perf/data_wait_s`)
-    and its share of the window (`perf/data_wait_frac`). While the device has queued work the host runs ahead, so
-    a wait shows where the device ran out of work: near 0 when the model sets the pace, most of the window when the
-    loader does.
+    its transfer and `on_after_batch_transfer`; not a validation in between), per step and as a share of the window:
+    near 0 when the model sets the pace, most of the window when the loader does.
     """
 
     def __init__(self, log_every_n_steps: int = 50):

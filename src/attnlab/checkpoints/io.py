@@ -13,9 +13,8 @@ from attnlab.utils.atomic import atomic_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written beside their final name and renamed onto it. Lightning's own writer stages a local file
-    in the temporary folder (TMPDIR) and copies it over, so a full checkpoint disk would be reported as a write to
-    TMPDIR, and every checkpoint crossed two disks."""
+    """Checkpoints written beside their final name and renamed onto it, on the checkpoint's own disk (Lightning's
+    writer stages a local file in TMPDIR and copies it over); object storage is left to Lightning's writer."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None or get_protocol(str(path)) != "file":  # object storage: Lightning's writer
@@ -25,7 +24,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             self.write(checkpoint, tmp)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        """A checkpoint as attnlab reads every checkpoint (attnlab.checkpoints.load_checkpoint): restricted to
+        """A checkpoint as attnlab reads every checkpoint (checkpoints.reading.load_checkpoint): restricted to
         tensors and plain values unless the command trusts its files (`trust_checkpoint=true`), whatever Lightning
         passes as `weights_only` and whatever the environment says; a sharded checkpoint folder is read whole."""
         from attnlab.checkpoints import trust

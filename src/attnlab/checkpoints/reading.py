@@ -1,18 +1,8 @@
-"""Finding and reading checkpoints, for every setting that names one: `ckpt_path=` (train.py's resume, eval.py,
-predict.py, export.py, preflight), the run directory's own last.ckpt, `model.init_from=` (weights from another run,
-or a Hugging Face `pytorch_model.bin`), and Lightning's own loads (AtomicCheckpointIO).
-
-`load_checkpoint` is the one reader. A checkpoint may come from anywhere, and unpickling can run any code, so it
-reads with `weights_only=True` (torch's restricted unpickler: tensors, containers and plain values), whatever the
-environment says (`TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` yields to an explicit value), and checks what the checkpoint's
-config and hyperparameters name before anything imports it (trust.py). A file is refused, in one paragraph,
-before anything in it runs, when it:
-
-- asks for a global that `weights_only=True` refuses (a pickled object, the payload of a hostile file): the paragraph
-  names the global and how to trust the file (`trust_checkpoint=true`: full unpickling);
-- names a module or callable that is neither attnlab's own nor named by the command (attnlab.checkpoints.trust);
-- is no checkpoint at all (not torch.save's zip archive: a bare pickle, a text file, another zip);
-- is a damaged checkpoint (torch.save's zip archive, cut short or corrupted).
+"""Finding and reading checkpoints, for every setting that names one (`ckpt_path=`, a run directory's own last.ckpt,
+`model.init_from=`, Lightning's own loads). `load_checkpoint` is the one reader. Before anything in a file runs, it
+refuses one that is no torch.save archive or is damaged and, unless the command trusts its files, one that asks for a
+global `weights_only=True` refuses (whatever the environment says) or that names what this command may not build
+(trust.py).
 """
 
 from __future__ import annotations
@@ -35,8 +25,7 @@ NAMING = tuple(trust.HPARAMS)
 
 def newest_last(folder: Path) -> Path | None:
     """The newest checkpoints/last.ckpt under `folder` (any depth), or None. A last.ckpt that is a link is dated by
-    its file, written when its step was saved (a symbolic link made later does not make its run the newer one);
-    one whose file is gone is passed over."""
+    the file it names; one whose file is gone is passed over."""
     found = [p for p in folder.glob("**/checkpoints/last.ckpt") if is_checkpoint(p)] if folder.is_dir() else []
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 

@@ -1,8 +1,6 @@
-"""What a run continues from, and the checks that it can: `ckpt_path=` (a checkpoint, or `last`: the newest run's)
-or the run directory's own last.ckpt (`resume=true`), the metadata attnlab stores in its checkpoints (the run's
-config, its W&B id, the weights' shapes), and the refusals of a checkpoint that cannot continue this run (another
-task, another network, another optimizer). Plain values in: the run's plan (cli/plan.py) decides the resume point
-with them."""
+"""What a run continues from (`ckpt_path=`, `ckpt_path=last`: the newest run's, or with `resume=true` the run
+directory's own last.ckpt), the metadata attnlab stores in its checkpoints, and the refusals of a checkpoint that
+cannot continue this run (another task, another network, another optimizer)."""
 
 from __future__ import annotations
 
@@ -70,9 +68,9 @@ def resolve_checkpoint(ckpt_path: str | None, log_dir: str, task_name: str | Non
 
 
 def checkpoint_in_run_dir(checkpoints: Path, resume: bool) -> str | None:
-    """The run directory's own last.ckpt (in `checkpoints`, its checkpoint folder) when `resume` is on: the run was
-    interrupted (a crash, a kill, a SLURM preemption) and is started again in the same directory, where it continues
-    at the step and batch it stopped."""
+    """The run directory's own last.ckpt (in `checkpoints`, its checkpoint folder) when there is one and `resume` is
+    on: an interrupted run started again in its directory continues at the step and batch it stopped. With `resume`
+    off, a warning that the run starts over, and None."""
     last = checkpoints / "last.ckpt"  # a file, or the folder of a sharded checkpoint (attnlab.checkpoints.sharded)
     if not is_checkpoint(last):
         return None
@@ -84,7 +82,8 @@ def checkpoint_in_run_dir(checkpoints: Path, resume: bool) -> str | None:
 
 
 def read_run_metadata(ckpt_path: str) -> dict:
-    """The run metadata (resolved config, W&B id) stored in a checkpoint by attnlab."""
+    """The run metadata attnlab stored in a checkpoint (resolved config, W&B id, lineage, ...), with the checkpoint's
+    `global_step` and its weights' `shapes`; UserError for a checkpoint attnlab did not write."""
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     meta = ckpt.get("attnlab")
     if not meta:

@@ -1,11 +1,6 @@
-"""Plain pickles attnlab reads but did not write (torch.distributed.checkpoint's `.metadata`, CIFAR's python batches):
-read through one unpickler that admits only the globals the format needs (`allowed`), so that nothing in the file
-can import a module or call a function of its choosing. A pickle that asks for any other global stops at that global
-(`UnsafeGlobal`), before anything in it has run. Containers (lists, tuples, dicts, sets), strings, bytes and numbers
-need no global at all.
-
-Checkpoints written by `torch.save` are read by torch's own restricted unpickler instead (`torch.load(...,
-weights_only=True)`, attnlab.checkpoints)."""
+"""Plain pickles attnlab reads but did not write (torch.distributed.checkpoint's `.metadata`, CIFAR's python batches),
+read through one unpickler that admits only the globals the format needs (`allowed`): a pickle that asks for any other
+stops at that global (`UnsafeGlobal`) before anything in it runs. `torch.save` checkpoints are not read here."""
 
 from __future__ import annotations
 
@@ -127,8 +122,7 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING"
 def globals_in(data: bytes, every: bool = False) -> list[str]:
     """The globals a pickle asks for ("module.name"), read from its opcodes without running anything (pickletools);
     empty when the bytes are no pickle; `every`: of each pickle of several written one after the other (torch.save's
-    legacy format). STACK_GLOBAL takes its names from the two strings pushed last (or fetched from the memo), as
-    pickle's own writer leaves them."""
+    legacy format). A STACK_GLOBAL is named by the two strings pushed (or fetched from the memo) last."""
     import io
     import pickletools
 

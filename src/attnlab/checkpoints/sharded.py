@@ -1,16 +1,8 @@
-"""Sharded checkpoints: a `last.ckpt` that is a folder, as Lightning's FSDP strategy writes it with
-`state_dict_type="sharded"`: the model and optimizer states in `torch.distributed.checkpoint` (DCP) format (a
-`.metadata` file and one `.distcp` file per rank), and the rest of the checkpoint (loops, callbacks, the run's
-metadata) in `meta.pt`.
-
-A run under FSDP reads such a folder itself, shard by shard (Lightning's FSDPStrategy). Everywhere else, a run that
-continues from one (the same run folder started again on a machine without the GPUs it was sharded over,
-`ckpt_path=`, eval.py, export.py) gets it whole from `read_sharded`: every tensor gathered on the CPU, the optimizer
-states keyed as `torch.optim` keys them. Nothing in the folder can run code when it is read: `.metadata`, which DCP
-writes as a plain pickle, is read first, through attnlab's restricted unpickler (safe_pickle.py) admitting only
-that format's own classes (`SafeReader`); `meta.pt` is read as any checkpoint file is (attnlab.checkpoints:
-`weights_only=True`), and so are the values DCP stores as bytes (`_planner`). A folder the user trusts
-(`trust_checkpoint=true`) is read by DCP's own reader.
+"""Sharded checkpoints: a `last.ckpt` folder as Lightning's FSDP strategy writes it (`state_dict_type="sharded"`: DCP's
+`.metadata` and one `.distcp` file per rank, the rest of the checkpoint in `meta.pt`), read whole on the CPU by
+`read_sharded` wherever FSDP does not read it itself. Unless the folder is trusted, nothing in it can run code when
+read: `.metadata` goes through the restricted unpickler (safe_pickle.py), `meta.pt` and the values DCP stores as bytes
+through `weights_only=True`.
 """
 
 from __future__ import annotations

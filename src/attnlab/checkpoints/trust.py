@@ -1,20 +1,9 @@
-"""What a file from elsewhere may make attnlab import and build: one rule, decided by `decide`, against one table.
-
-A file from elsewhere is a checkpoint, a sharded checkpoint folder, a run folder given to `--rerun` or a Hugging Face
-folder. What it names to import or build (`_target_`s, `extras.imports`, the dotted paths of `model.net` /
-`model.backbone`, in its run config and in every hyperparameter key Lightning reads) is admitted only when:
-
-1. the name is in the table of what attnlab builds (`buildable`): the exact names its packaged configs give (its
-   tasks, data modules, optimizers, schedules, callbacks, and the torch and Lightning classes they name), and those
-   of the config folders the user composes from (`--config-dir`, `hydra.searchpath`); or the exact
-   `__module__.__qualname__` of one of them; or
-2. this command's own config gives the same name at the same key (`model.net=mypkg.Net`), or the name is defined in
-   a module this command's own `extras.imports` lists (its object's `__module__` is that module).
-
-No other word of the command line counts: not a file or folder name, not `task_name`. A file's interpolations may
-read only the environment variables attnlab's packaged configs read (`${oc.env:ATTNLAB_LOG_DIR}`), never another.
-`trust_checkpoint=true` on the command line (`TRUST_KEY`) lifts all of it for that command; it is read from the
-command's own config, never from a file.
+"""What a file from elsewhere (a checkpoint, a run folder given to `--rerun`, a Hugging Face folder) may make attnlab
+import and build, decided by `decide`: a module only if it is attnlab's own or in the command's own `extras.imports`; a
+callable only if the table of what attnlab's and the user's config folders name holds it (`buildable`), the command's
+own config gives it at the same key, or a module of its `extras.imports` defines it. A file's interpolations may read
+only the environment variables attnlab's packaged configs read. `trust_checkpoint=true`, read from the command's own
+config and never from a file, lifts all of it.
 """
 
 from __future__ import annotations
@@ -60,8 +49,9 @@ _command = Command()
 
 
 def from_command(cfg: Any, overrides: list[str] | tuple[str, ...] = (), seal: bool = False) -> None:
-    """What this command says (every entry point's `begin`; `--rerun`, with `seal`, from its own command line alone):
-    its `trust_checkpoint` key, and the names its composed config `cfg` and its `overrides` (key=value) give."""
+    """Record what this command says: its `trust_checkpoint` key, and the names its composed config `cfg` and its
+    `overrides` (key=value) give. Once a call with `seal` (--rerun, from its own command line alone) has recorded
+    them, calls without it change nothing."""
     global _command
     if _command.sealed and not seal:
         return
@@ -173,8 +163,8 @@ def _config_folders() -> list[str]:
 
 
 def buildable() -> frozenset[str]:
-    """The table: every name attnlab's packaged configs and the user's config folders give (moved `_target_`s named
-    as they are now)."""
+    """The table: every name attnlab's packaged configs and the user's config folders give (a renamed `_target_`
+    under its current name)."""
     from attnlab.config import current_target
 
     names = set()

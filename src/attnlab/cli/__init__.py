@@ -1,1 +1,1 @@
-"""Entry points (train, eval, predict) and the pieces they assemble a run from."""
+"""Entry points (train, eval, predict, export) and the pieces they assemble a run from."""

@@ -47,9 +47,8 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 
 def begin(cfg: DictConfig) -> None:
-    """What every entry point does first with its composed config: the user's modules imported and the platform
-    keys filled in (attnlab.config.prepare), a model/data pair of other kinds refused (before an interpolation
-    between them fails to resolve), then the config tree printed where extras.print_config asks."""
+    """What every entry point does first with its composed config: prepared (attnlab.config.prepare), a model/data
+    pair of other kinds refused, then the config tree, secrets redacted, printed where extras.print_config asks."""
     from attnlab.checkpoints import trust
     from attnlab.config import check_compatible, prepare
 
@@ -70,10 +69,9 @@ def begin(cfg: DictConfig) -> None:
 
 
 def run_process(main: Callable[[], Any]) -> None:
-    """A script's whole process: `main()`, then the end of the process as the interpreter ends it, in its order
-    (`end_process`), but without its teardown of the modules. With torch loaded, that teardown takes over a second
-    and pages in about 0.13 GB: more than a small run's training adds to its peak memory. An exception ends the
-    usual way, with its traceback and status 1."""
+    """A script's whole process: `main()`, then, with torch loaded, the end of the process without the interpreter's
+    teardown of the modules (`end_process`), which takes over a second. An exception ends with its traceback and
+    status 1; Ctrl-C outside training with one line and status 130."""
     try:
         main()
         code: Any = 0
@@ -100,12 +98,9 @@ DEFAULT_EXIT_GRACE_S = 60.0
 
 
 def end_process(code: int) -> NoReturn:
-    """End the process with status `code` through the interpreter's own exit (`sys.exit`): it stops idle
-    `concurrent.futures` workers (such as torch's compile workers) and joins the non-daemon threads, then calls the
-    exit handlers, newest first. The newest, registered here, runs the others (log files, W&B, DataLoader workers)
-    and ends the process with `os._exit`, skipping the teardown of the modules. Never without a bound: if a thread
-    or a handler still holds the process after $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the
-    process exits with `code`."""
+    """End the process with status `code` through `sys.exit` (threads joined, exit handlers run), then `os._exit`,
+    skipping the teardown of the modules. Bounded: if a thread or a handler still holds the process after
+    $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the process exits with `code`."""
     import threading
 
     grace = _exit_grace()

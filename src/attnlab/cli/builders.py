@@ -57,8 +57,8 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
 
 
 def init_tokenizer(cfg: DictConfig) -> str | None:
-    """The tokenizer of the weights `model.init_from` names, where the task reads one from them (its
-    `init_tokenizer`): the one flow from the model to the data, so the data is read with the weights' vocabulary."""
+    """The tokenizer of the weights `model.init_from` names, where the task reads one from them (else None), so that
+    the data is read with the weights' vocabulary."""
     init_from = (cfg.get("model") or {}).get("init_from")
     target = (cfg.get("model") or {}).get("_target_")
     if not init_from or not target:
@@ -105,10 +105,9 @@ def _target_class(target: str | None, group: str) -> type:
 
 
 def build_task(cfg: DictConfig, dm, init: dict) -> Any:
-    """attnlab's tasks get plain configs for their network, optimizer and schedule, and build them themselves, so
-    that `Task.load_from_checkpoint(path)` can rebuild them from the checkpoint alone. Any other LightningModule
-    (a `_target_` of the user's) gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its
-    constructor takes them (lightning-hydra-template's convention)."""
+    """The task of cfg.model, given what the data `dm` provides. attnlab's tasks get plain configs for their network,
+    optimizer and schedule and build them themselves, so a checkpoint alone rebuilds them. Any other LightningModule
+    gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its constructor takes them."""
     from attnlab.tasks.base import BaseTask
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -149,9 +148,8 @@ def build_callbacks(cfg: DictConfig, has_logger: bool = True) -> list:
 
 
 def build_loggers(cfg: DictConfig, wandb_resume_id: str | None = None, resuming: bool = False) -> list:
-    """The loggers of cfg.logger; a resumed run continues its W&B run and appends to its metrics.csv: a logger
-    factory that takes `resume_id` (attnlab.loggers.wandb_logger) gets the run's W&B id, one that takes `append`
-    (attnlab.loggers.csv_logger) appends when the run resumes."""
+    """The loggers of cfg.logger; a factory that takes `resume_id` gets the W&B id of the run being resumed, one that
+    takes `append` gets `resuming`, so a resumed run continues its W&B run and its metrics.csv."""
     loggers = []
     for lg in (cfg.get("logger") or {}).values():
         if lg is None or "_target_" not in lg:
@@ -176,8 +174,8 @@ def _parameters(target: str) -> set[str]:
 
 
 def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, strategy=None):
-    """The Trainer of cfg.trainer, as the run's plan (cli/plan.py) decided it; `strategy`: the one made for the task
-    (`strategies.for_model`: FSDP given the network's block classes), in place of trainer.strategy's."""
+    """The Trainer of cfg.trainer, as the run's plan decided it; `strategy`, where given (the one made for the task:
+    FSDP given the network's block classes), replaces trainer.strategy."""
     trainer_cfg = cfg.trainer
     if plan.trainer.accelerator == "cpu" and isinstance(trainer_cfg.get("devices"), int):
         # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
@@ -213,9 +211,9 @@ def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, strateg
 
 
 def with_slurm_environment(plugins: list, trainer_cfg: DictConfig) -> tuple[list, DictConfig]:
-    """Under SLURM, Lightning's SLURM environment without its requeue handler: attnlab's SignalGuard alone acts on
-    SLURM's warning before a time limit or a preemption (it saves last.ckpt, then requeues: callbacks/signals.py).
-    The config's own plugins come along, unless they name a cluster environment of their own."""
+    """Under SLURM, (plugins, trainer_cfg) with Lightning's SLURM environment added without its requeue handler, so
+    that SignalGuard alone acts on SLURM's warning signal; the config's own plugins come along. Unchanged elsewhere,
+    or where the config's plugins name a cluster environment of their own."""
     from lightning.fabric.plugins.environments import ClusterEnvironment
 
     from attnlab.cluster.slurm_job import slurm_environment
@@ -243,10 +241,9 @@ def required_checkpoint(cfg: DictConfig, script: str) -> str:
 
 
 def load_task(ckpt_path: str, meta: dict):
-    """The task a checkpoint holds, rebuilt from it (eval.py, predict.py, export.py): read by the one reader
-    (attnlab.checkpoints: weights only, and what its config names checked), the user's modules it names imported,
-    then its hyperparameters given to the task's class; those a lightning-hydra-template style module was built from
-    config nodes (`net`, `optimizer`: callbacks/plain_hparams.py) are built again from them."""
+    """The task a checkpoint holds, rebuilt from it alone on the device its weights are on: read safely (weights
+    only, what its config names checked), the user's modules it names imported, its hyperparameters given to the
+    task's class (those built from config nodes, such as `net` and `optimizer`, built again)."""
     from attnlab.callbacks.plain_hparams import rebuild_hparams
     from attnlab.checkpoints.reading import load_checkpoint
     from attnlab.compat import lightning_load_state, migrate_checkpoint

@@ -1,11 +1,9 @@
-"""Typed checks of the whole composed config, before any data is read or model built.
+"""Typed checks of the whole composed config, before any data is read or model built (`check_config`).
 
-Every node with a `_target_` (the task, the data module, the optimizer, the schedule, callbacks, loggers, the
-Trainer) is checked against the constructor it names: keys it does not take (with the closest names it does take),
-values of the wrong type (against the constructor's type hints, with pydantic), and the ranges declared on the
-parameters themselves (`Annotated[float, Ge(0)]`, annotated_types). Optimizers and schedules are then built once on
-a dummy parameter, so that the library's own range checks (torch's "Invalid learning rate") speak in config keys.
-All problems are reported together, in one paragraph each, with the key, the value and what is expected.
+Every `_target_` node is checked against the constructor it names (keys it does not take, with the closest names;
+values of the wrong type or outside the ranges declared on its parameters), the run keys against their types, and
+optimizers and schedules are built once on a dummy parameter, so the library's own checks speak in config keys. The
+problems found are reported together in one UserError.
 """
 
 from __future__ import annotations

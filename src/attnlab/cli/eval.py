@@ -30,7 +30,8 @@ def main() -> dict | None:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Rebuild the data and the task from the checkpoint's own run config and evaluate on one split."""
+    """Rebuild the data and the task from the checkpoint's own run config and evaluate on one split; -> the metrics,
+    also written to metrics.json in the output folder."""
     import json
     import logging
     from pathlib import Path

@@ -1,13 +1,9 @@
 """python export.py ckpt_path=<path|last> format=safetensors|hf
 
-format=hf (BERT and GPT checkpoints): a folder transformers loads with from_pretrained (BertForMaskedLM,
-BertForSequenceClassification, GPT2LMHeadModel, GPT2ForSequenceClassification; attnlab.transfer.hf_export).
-
-format=safetensors (any task) writes, in the run's output folder: `model.safetensors` (the network's weights,
-`task.net`), `config.json` (the task, the registered network `net` and the settings that rebuild it:
-`create_network(config["net"], config["settings"])` from attnlab.nn.registry, then `safetensors.torch.load_model`),
-and the tokenizer(s) the checkpoint carries (`tokenizer.json` in HF `tokenizers`' format, or `src_tokenizer.json` /
-`tgt_tokenizer.json` for translation; a character tokenizer is attnlab's own JSON)."""
+A checkpoint's network, written into the output folder: format=hf (BERT and GPT checkpoints) as a folder that
+transformers' `from_pretrained` loads; format=safetensors (any task) as `model.safetensors`, a `config.json` with the
+registered network and its settings (`attnlab.nn.registry.create_network(config["net"], config["settings"])[0]`
+rebuilds it, `safetensors.torch.load_model` fills it), and the tokenizer(s) the checkpoint carries."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Faults met by a run that are not bugs (a full disk, a read-only folder, shared memory too small for the loader's
 workers, a checkpoint whose weights do not fit the network), told as one paragraph: what was being done where, the
-fix, and the last good checkpoint, which the atomic writes (`attnlab.utils.atomic`) leave whole. One mapping from the
-error (its errno, or the message torch gives) to the paragraph, whatever raised it."""
+fix, and where there is one, the last good checkpoint to resume from."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""DDP launched from a Hydra app re-executes the script once per extra rank (Lightning appends
-`hydra.run.dir=<run dir>` for the children). In a multirun that command would carry `-m` and the sweep lists,
-and point at hydra.run.dir instead of the job's directory. Before training, point both at the current job, so
-every rank of a job writes into that job's directory: one directory per job, never one per rank, and each rank
-trains the job's own settings (an Optuna trial's parameters are among its overrides)."""
+"""DDP ranks of a multirun job: Lightning re-executes the script once per extra rank, and
+`pin_subprocess_ranks_to_job` makes that command a single run of the current job (its own overrides, an Optuna
+trial's parameters among them) in the job's directory: one directory per job, never one per rank."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Whether the data loader or the model sets an image run's pace: preflight times the training loader alone, with the
-configured workers, and sets its images/s against the model's images/s per step (data loading left out); where the
-loader is slower it says by how much and what to do about it."""
+"""Whether the data loader or the model sets an image run's pace: the training loader's images/s alone (its
+configured workers) against the model's images/s per step, and, where the loader is slower, by how much and what
+helps."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""The plan of a run: its typed settings and what is decided from them, once, before anything is built or saved.
-
-`make_plan(cfg)` runs in each entry point right after the command line is checked. It reads the platform's own keys
-once (the run keys, the trainer, the paths, the model's platform keys) and decides:
-- the devices: the one device check, the device count (`trainer.devices=auto`: every GPU of this machine, or one
-  process on the CPU), whether the run is on a GPU;
-- the precision, following that accelerator: a mixed precision that came with a preset (`trainer=ddp`, `multinode`)
-  becomes 32-true on the CPU; one given on the command line is kept (and warned about);
-- the accumulation that gives `global_batch_size`;
-- whether the strategy shards the model (FSDP) and writes its own checkpoints, and whether a callback averages the
-  weights (EMA, SWA), which sharding refuses.
-What was asked and what was decided are kept apart. `.hydra/config.yaml` stays as Hydra composed it (what `--rerun`
-reads, so that a rerun is decided again on its own machine); each decision goes into the config in memory
-(cfg.trainer), so the run folder's config.yaml, the loggers' hyperparameters, preflight and the Trainer read the
-value the run uses, and `plan.decided` (`{key: {asked, decided, why, on}}`) goes into lineage.json as `decided`.
-What comes after takes the plan (or plain values from it), not the config; `hydra.utils.instantiate` keeps the
-`_target_` nodes.
+"""The plan of a run: its typed settings and what is decided from them (devices, precision, gradient accumulation,
+sharding), once, before anything is built or saved. What was asked and what was decided are kept apart:
+`.hydra/config.yaml` keeps what Hydra composed, each decision is written into the config in memory (cfg.trainer), and
+`plan.decided` (`{key: {asked, decided, why, on}}`) goes into lineage.json.
 """
 
 from __future__ import annotations
@@ -84,7 +71,9 @@ def accumulation_for(global_batch_size: int, batch_size: int, devices: int, node
 
 
 def make_plan(cfg: DictConfig) -> RunPlan:
-    """The run's plan from its checked config, each decision applied to cfg.trainer (module docstring)."""
+    """The run's plan from its checked config, each decision applied to cfg.trainer. On the CPU, a mixed precision
+    the command line does not give becomes 32-true; `trainer.devices=auto` is every GPU, or one process on the CPU.
+    Raises a UserError for settings that cannot go together (FSDP with EMA or SWA, an indivisible global batch)."""
     from attnlab.devices import check_devices, device_count, uses_gpu
     from attnlab.memory import averages_weights
     from attnlab.strategies import is_fsdp, writes_own_checkpoints
@@ -146,9 +135,8 @@ def make_plan(cfg: DictConfig) -> RunPlan:
 
 def plan_training(cfg: DictConfig) -> RunPlan:
     """A training run's plan: make_plan's, with the checkpoint it continues from (ckpt_path=, or its run directory's
-    own last.ckpt; read and checked against the task: checkpoints/resume.py) and what the weights `model.init_from`
-    names fix: the tokenizer the data is read with and the network's settings (written into cfg.model, so
-    config.yaml says what was built)."""
+    own last.ckpt) and what the weights `model.init_from` names fix: the tokenizer the data is read with and the
+    network's settings (also written into cfg.model)."""
     import dataclasses
 
     from attnlab.cli import builders, rerun
@@ -186,8 +174,7 @@ def _given(key: str) -> bool:
 
 
 def _apply(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
-    """The decisions into cfg.trainer, where config.yaml, the loggers and the Trainer read them. `.hydra/config.yaml`
-    keeps what was asked (module docstring)."""
+    """Write the decisions into cfg.trainer, the config in memory (`.hydra/config.yaml` keeps what was asked)."""
     if not decided or "trainer" not in cfg:
         return
     with open_dict(cfg.trainer):

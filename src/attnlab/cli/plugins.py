@@ -1,6 +1,5 @@
-"""Hydra plugins that config options need (launcher=slurm -> hydra-submitit-launcher, an Optuna hparams_search ->
-optuna): checked before Hydra composes, which would otherwise stop at a missing config deep in its
-defaults tree without naming the package to install."""
+"""The Hydra plugins (launchers, sweepers) that a command line's options need, checked before Hydra composes: a
+missing one is named with the pip package that installs it."""
 
 from __future__ import annotations
 

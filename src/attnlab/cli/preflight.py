@@ -1,15 +1,9 @@
 """`python train.py <anything> preflight=true`: what the configured run will cost, measured before waiting for it.
 
-It builds everything the run would (data, model, trainer with its precision, strategy and compile settings), trains
-`preflight_steps` batches and times the steady state after two warm-up ones, times one validation batch, and
-prints: parameters, samples/s and tokens/s, MFU against the device's peak (utils/flops.py), the peak memory measured
-beside the estimate that refuses runs too large for the machine and what the machine has, the time the configured
-run will take to its step or epoch budget (validation and test included), and the largest `data.batch_size` that
-fits: from the memory estimate against what the device has (on CPU, and for every process of a DDP or FSDP run); on
-one GPU, that size tried for real and moved by the outcome, a few sizes at most. For an image task, the training
-loader's images/s alone (its configured workers) against the model's images/s per step, and what to do where the
-loader sets the pace (loader_pace.py).
-Nothing is written to the run's checkpoints or loggers. In a multirun, each job prints its one-line summary.
+It builds what the run would, times `preflight_steps` training batches after warm-up and one validation batch, and
+prints the parameters, samples/s and tokens/s, MFU, the peak memory beside the estimate, the configured run's time,
+the largest `data.batch_size` that fits and, for an image task, whether the loader sets the pace. Nothing is written
+to the run's checkpoints or loggers; in a multirun, each job prints a one-line summary.
 """
 
 from __future__ import annotations

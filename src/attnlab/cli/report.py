@@ -13,15 +13,15 @@ log = logging.getLogger("attnlab")
 
 
 def optimized_value(plan, metrics: dict[str, float]) -> float | None:
-    """The value train.py returns to sweepers: the run's `optimized_metric` (its plan: cli/plan.py); None when it is
-    missing or NaN."""
+    """The run's `optimized_metric` from `metrics` (the value returned to sweepers); None when it is missing or
+    NaN."""
     value = metrics.get(plan.run.optimized_metric or "")
     return None if value is None or math.isnan(value) else value
 
 
 def add_best_of_monitor(plan, metrics: dict[str, float], trainer) -> None:
-    """`<monitor>_best`, which sweepers optimize, for a LightningModule that logs only `<monitor>` (a user's own):
-    the best score the checkpoint callback saw."""
+    """Add `<monitor>_best`, the best score the checkpoint callback saw, where the LightningModule logs only
+    `<monitor>` (a user's own)."""
     key = f"{plan.model.monitor}_best"
     ckpt = trainer.checkpoint_callback
     if key not in metrics and isinstance(ckpt, ModelCheckpoint) and ckpt.best_model_score is not None:
@@ -29,11 +29,9 @@ def add_best_of_monitor(plan, metrics: dict[str, float], trainer) -> None:
 
 
 def add_last_and_reported(plan, metrics: dict, dm) -> None:
-    """`<monitor>_last`: the score of the last validation, where training ended (the last epoch's; `<monitor>` as
-    logged last), beside `<monitor>_best`, the best validation's, which also chose the checkpoint and so is
-    optimistic: published results report one or the other, and the summary shows both. `reported_split: "val"` where
-    the data's validation split is the benchmark's official evaluation set (its `benchmark_split`: ImageNet-1k,
-    ADE20K)."""
+    """Add `<monitor>_last` to a training run's metrics: the last validation's score, beside `<monitor>_best`, the
+    best one's, which also chose the checkpoint and so is optimistic. Add `reported_split: "val"` where the data's
+    validation split is the benchmark's official evaluation set (its `benchmark_split`: ImageNet-1k, ADE20K)."""
     from attnlab.protocols import data as data_hooks
 
     key = plan.model.monitor
@@ -59,7 +57,8 @@ def protocol_line(plan, metrics: dict, dm) -> str | None:
 
 
 def finished_already(plan, out_dir: Path, step: int) -> float | None:
-    """A run started again in the directory of a run that had finished: nothing to do, its results stand."""
+    """For a run started again in the directory of a finished run: say that its results stand, and return the
+    `optimized_value` of its metrics.json."""
     import json
 
     metrics = json.loads((out_dir / "metrics.json").read_text())

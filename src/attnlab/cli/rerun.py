@@ -1,14 +1,9 @@
 """`python train.py --rerun <run dir> [key=value ...]`: train a run's own config again, into a new run folder.
 
 The config is the one the run composed (`<run dir>/.hydra/config.yaml`, interpolations unresolved), not a new
-composition of its overrides, so configs edited since, or a job of a sweep (its swept values are in that file), are
-reproduced as they ran. That file holds what the run asked for, not what its plan decided (cli/plan.py): the plan
-decides again on this machine (a preset's bf16-mixed that became 32-true on a CPU is bf16-mixed on a GPU), and where
-a decision differs from the run's (its lineage.json `decided`, else its config.yaml), one warning line per key:
-`rerun: trainer.precision: the original run used 32-true (decided on cpu), this one bf16-mixed (as asked)`. A run
-written before decisions were kept apart has them in its .hydra/config.yaml, and is trained with them as they are.
-Paths (`paths.*`, the run folder) resolve anew. Where the lineage of this machine differs from the run's (the code's
-commit or uncommitted changes, package versions, the hardware), one warning line per key."""
+composition of its overrides, so a run (a sweep's job too) is reproduced as it ran; paths resolve anew, and the plan
+decides again on this machine. Each decision that differs from the run's, and each lineage key that differs (the
+code's commit or uncommitted changes, package versions, the hardware), is one warning line."""
 
 from __future__ import annotations
 
@@ -172,8 +167,8 @@ def warn_lineage(run_dir: Path) -> None:
 
 
 def asked() -> list[str]:
-    """In a rerun, the overrides the run was given and the keys changed on purpose (else none): what the plan counts
-    as given on the command line."""
+    """In a rerun, the overrides the run was given and the keys changed on purpose (else none): they count as given
+    on the command line."""
     return list(_asked)
 
 
@@ -201,7 +196,7 @@ def decision_differences(run_dir: Path, cfg: DictConfig, decided: dict[str, dict
 
 
 def warn_decisions(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
-    """In a rerun, where the plan decided otherwise than for the run (cli/plan.py: plan_training)."""
+    """In a rerun, one warning line for each key the plan decided otherwise than for the run."""
     if _run_dir is not None:
         for line in decision_differences(_run_dir, cfg, decided):
             log.warning(printable(line))

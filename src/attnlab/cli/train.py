@@ -1,16 +1,9 @@
 """python train.py [group=option ...] [key=value ...]  — see README.md for the grammar.
 
-The training run from the command line to `Trainer.fit`, top to bottom. `train.py`, `attnlab-train` and
-`python -m attnlab.train` all call `run()`:
-
-`python train.py --rerun <run dir>` trains a run's own config again into a new folder (cli/rerun.py).
-
-1. `run()`: the whole process (`main()`, then the end of the process without the interpreter's teardown).
-2. `main()`: the command line made ready for Hydra in one step (cli/command_line.py), then Hydra composes
-   `conf/train.yaml` and calls `_compose`.
-3. `_compose(cfg)`: `run_app` runs `train(cfg)`, showing a UserError as one paragraph.
-4. `train(cfg)`: the config prepared and checked once (nothing is read or built before it passes), the data module
-   and the task built, the memory estimate, the Trainer: fit, test, report.
+The training run from the command line to `Trainer.fit`, top to bottom (`--rerun <run dir>`: cli/rerun.py):
+1. `run()` -> `main()`: the command line made ready for Hydra, which composes `conf/train.yaml`.
+2. `_compose(cfg)`: `run_app` runs `train(cfg)`, showing a UserError as one paragraph.
+3. `train(cfg)`: the config checked and planned, the data and the task built, the Trainer: fit, test, report.
 """
 
 from __future__ import annotations

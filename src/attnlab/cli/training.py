@@ -1,5 +1,5 @@
-"""The training run's function and a sweep's results table, under the names earlier versions imported them by:
-the run itself reads top to bottom in attnlab.cli.train."""
+"""`train` (attnlab.cli.train) and a sweep's results-table writer `append_row` (attnlab.cli.report) under one
+import path, for notebooks, tests and sweepers."""
 
 from attnlab.cli.report import append_row
 from attnlab.cli.train import train

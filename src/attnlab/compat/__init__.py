@@ -1,9 +1,7 @@
-"""The private names of other packages that attnlab relies on (Lightning, torchmetrics, torch, Hydra), in one place.
-
-Each package is bounded below its next release that may move them (pyproject.toml). tests/test_compat.py checks that
-every name used here exists in the installed versions, so a release that moves one fails there, by name, instead of
-deep in a run, and that no other module imports a private name (submitit's are the SLURM bridge's). Importing it
-imports none of them: each is imported where it is used (ModelCheckpoint's internals: checkpoint.py).
+"""The private names of other packages that attnlab relies on (Lightning, torchmetrics, torch, Hydra), in one place,
+each behind a public name (submitit's are in cluster/submitit_bridge.py). tests/test_compat.py checks that each exists
+in the installed versions and that no other module uses one. Importing this package imports none of them: each is
+imported where it is used (ModelCheckpoint's internals: checkpoint.py).
 """
 
 from __future__ import annotations
@@ -32,11 +30,10 @@ def keep_own_batch_sampler(trainer) -> None:
 
 
 def restore_loader_position(trainer) -> None:
-    """Load the training DataLoader's saved position now, and start the epoch's iterator again from it.
-
-    Lightning loads it only when it sets up the training data after the checkpoint was read, and only for a
-    checkpoint written mid-epoch; a schedule that asks for `trainer.estimated_stepping_batches` sets the data up
-    earlier, and the saved position would be dropped."""
+    """Load the training DataLoader's saved position, if a checkpoint left one to load, and start the epoch's iterator
+    again from it. Lightning loads it only for a checkpoint written mid-epoch, and only when it sets the training
+    data up after reading the checkpoint (a schedule that asks for `trainer.estimated_stepping_batches` sets it up
+    earlier)."""
     loop = trainer.fit_loop
     states = getattr(loop, "_combined_loader_states_to_load", None)
     if not states or loop._combined_loader is None:
@@ -50,12 +47,9 @@ def restore_loader_position(trainer) -> None:
 
 
 def redo_interrupted_validation(checkpoint: dict) -> None:
-    """Make a checkpoint saved while fit's validation was under way (a stop after one of its batches) resume that
-    validation from its first batch. As saved, Lightning resumes it past the validation (the epoch's last training
-    batch counts as done), which then never runs: a stop during the last validation would leave the run without its
-    validation metrics. The validation loop's progress is set to Lightning's own state of a save inside a
-    validation batch ("restarted mid-evaluation", whose validation Lightning runs before training on), with no
-    batch done, so the whole validation runs again."""
+    """Make a checkpoint saved during fit's validation (a stop after one of its batches) resume by running that
+    validation again from its first batch; as saved, Lightning would resume past it. Its progress is set to
+    Lightning's state of a save inside a validation batch ("restarted mid-evaluation"), with no batch done."""
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.val_loop.batch_progress")
     if not progress:
         return
@@ -74,9 +68,8 @@ def validates_after_this_batch(trainer) -> bool:
 
 
 def stop_after_this_step(trainer) -> None:
-    """Stop training at the end of the current step, as Lightning stops on SIGTERM: a SIGTERMException, on which the
-    checkpoint callbacks' on_exception save. Each process checks its own flag: in a run of several, set it in all of
-    them after the same step."""
+    """Stop training at the end of the current step, as Lightning stops on SIGTERM (a SIGTERMException). Each
+    process checks its own flag: in a run of several, set it in all of them after the same step."""
     trainer._signal_connector.received_sigterm = True
 
 
@@ -87,7 +80,7 @@ def metric_defaults(metric) -> dict:
 
 
 def metric_state(metric) -> dict:
-    """A Metric's states and update count now, for `restore_metric_state`."""
+    """A Metric's current states and update count, for `restore_metric_state`."""
     return {name: getattr(metric, name) for name in metric._defaults} | {"_update_count": metric._update_count}
 
 

@@ -28,13 +28,14 @@ class CheckpointBase(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """A step save (every_n_train_steps) at a batch that a validation follows is left to the save after that
         validation: Lightning resumes a checkpoint saved at such a batch past the validation, which would then
-        never run (a kill during the last validation would leave the run without its validation metrics)."""
+        never run."""
         if self._every_n_train_steps and not trainer.sanity_checking and validates_after_this_batch(trainer):
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def save_last_now(self, trainer) -> None:
-        """Write last.ckpt now (when save_last is on and this is not a sanity check or fast_dev_run)."""
+        """Write last.ckpt at once, unless save_last is off or Lightning skips saving here (a sanity check, a
+        fast_dev_run, a step saved already)."""
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 

@@ -5,25 +5,23 @@ Every hook is optional; the accessors below give the answer for a data module wi
 `BaseDataModule` (attnlab.data.base) has them all.
 
 - `info() -> DataInfo` (`Informs`): what the prepared data tells the task, once it is set up. Called by
-  `cli/builders.build_datamodule` (the sizes go into the run's `data` config, where a model config interpolates
-  them: `vocab_size: ${data.vocab_size}`), `cli/builders.build_task` (the objects become the task's constructor
-  arguments) and `cli/eval.py` (the task's `check_data`). Without it: a `DataInfo` of the module's `kind`, or empty.
+  `cli/builders.build_datamodule` (the sizes go into the run's `data` config: `vocab_size: ${data.vocab_size}`),
+  `cli/builders.build_task` (the objects become the task's constructor arguments) and `cli/eval.py` (for the task's
+  `check_data`). Without it: a `DataInfo` of the module's `kind`, or empty.
 - `use_tokenizer(tokenizer_json: str) -> None` (`TakesTokenizer`): read the text with this tokenizer, the one of the
   weights the run starts from (the task's `init_tokenizer`). Called by `cli/builders.build_datamodule` before
   `prepare_data()`. Without it: the data keeps its own.
 - `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split (the data has none of its
-  own, or the user asked for that): the training entry point says so with its test results (`cli/train.py`,
-  `metrics.json`'s `test_is_validation`, the summary). Without it: false.
+  own, or the user asked for that); `cli/train.py` and `cli/eval.py` say so with the test results (`metrics.json`'s
+  `test_is_validation`). Without it: false.
 - `benchmark_split: str` (`ReportsValidation`): the validation split is the benchmark's official evaluation set,
-  the one published results are reported on (ImageNet-1k's validation images, ADE20K's validation split), named in
-  words; the run's summary says it is the reported set and `metrics.json` records `"reported_split": "val"`
-  (`cli/report.py`). Without it (or empty): nothing is said.
+  the one published results are reported on (ImageNet-1k's, ADE20K's), named in words; `cli/report.py` says so in
+  the summary and records `"reported_split": "val"` in `metrics.json`. Without it (or empty): nothing is said.
 - `batch_size: int` (`Batched`): samples per training batch; `optimizer.blr` scales the lr by it
-  (`tasks/base.py`), preflight searches it. Without it: `optimizer.blr` is refused, preflight reports no size.
+  (`tasks/base.py`), preflight searches it. Without it: `optimizer.blr` is refused.
 - `train_set` (`HasTrainSet`, a sized dataset): the training split, which no batch may exceed (preflight).
 
-The sizes the data determines (`num_classes`, `image_size`, `vocab_size`, ...) live in `DataInfo` (the data module
-computes them in `info()`), and from there in the run's `data` config.
+The sizes the data determines (`num_classes`, `image_size`, `vocab_size`, ...) live in `DataInfo`.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 Every hook is optional: the platform does without it where a network has none.
 
-- `block_classes() -> set[type[nn.Module]]` (`BlockNetwork` below): the types of the network's repeated blocks.
-  `attnlab.strategies` wraps each block as its own FSDP unit under `trainer=fsdp`, and recomputes each block's
-  activations in the backward pass under `model.activation_checkpointing=true`. A timm network needs none: its
-  blocks are read from timm's own `group_matcher()` (`attnlab.nn.factory.timm_block_classes`).
+- `block_classes() -> set[type[nn.Module]]` (`BlockNetwork` below): the types of the network's repeated blocks,
+  each an FSDP unit under `trainer=fsdp` and checkpointed under `model.activation_checkpointing=true`
+  (`attnlab.strategies`). A timm network needs none: its blocks are read from its `group_matcher()`.
 - `no_weight_decay() -> set[str]` (timm's convention): names of parameters trained without weight decay
   (`attnlab.optim.param_groups`).
 - `group_matcher(coarse: bool) -> dict` (timm's convention): the layers numbered from the input up, for

@@ -13,15 +13,15 @@ Class-level hooks, called on the task class before a task exists:
   `model.init_from` names. Called by `cli/builders.init_tokenizer`; the data module then reads its text with it
   (`use_tokenizer`, attnlab.protocols.data).
 - `init_settings(init_from: str) -> dict` (`ReadsInitSettings`): the network settings those weights fix (an `hf:`
-  folder's sizes). Called by `cli/builders.build_task`, which writes them into `model.*` before building the task.
+  folder's sizes). Called by `cli/builders.init_settings`, which writes them into `model.*` before the task is built.
 - `predictor: str` (`Predicts`): the dotted path of a function `predict(model, cfg, run_cfg)`. Called by
   `cli/predict` (predict.py); attnlab's tasks need none (their module's name finds `attnlab.cli.predict.<module>`).
 
 Instance hooks:
 
 - `check_data(info: DataInfo) -> None` (`ChecksData`): refuse data the model cannot take (a vocabulary larger than
-  its embedding, another tokenizer than its checkpoint's). Called once by the entry points where a task meets the
-  data (`cli/builders.build_task`, `cli/eval.py`).
+  its embedding, another tokenizer than its checkpoint's). Called once where a task meets the data:
+  `cli/builders.build_task` (for a `BaseTask`) and `cli/eval.py`.
 - `batch_size_of(batch) -> int` (`CountsBatch`): samples in a batch. Called by preflight and the throughput
   callback. Without it: the leading dimension of the batch's first tensor.
 - `tokens_of(batch) -> int | Tensor` (`CountsTokens`): tokens in a batch (a count on the device is read at the end
@@ -34,7 +34,7 @@ Instance hooks:
   `decode.*` is refused.
 - `net: nn.Module` (`HasNetwork`): the network export.py writes. Without it: export.py refuses the checkpoint.
 - `tokenizer_json: str | tuple[str | None, ...] | None` (`CarriesTokenizer`): the tokenizer(s) export.py writes
-  beside the weights.
+  beside the weights, and eval.py reads the data with.
 """
 
 from __future__ import annotations

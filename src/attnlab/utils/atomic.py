@@ -1,6 +1,5 @@
-"""Files written whole or not at all: every cache, checkpoint and report of attnlab is written through
-`atomic_path`, so that a full disk, a read-only folder, Ctrl-C or a kill never leaves a half-written file under the
-final name nor a temporary file behind."""
+"""Files written whole or not at all (`atomic_path`): a full disk, a read-only folder, Ctrl-C or a kill never leaves a
+half-written file under the final name, nor a temporary file behind."""
 
 from __future__ import annotations
 
@@ -65,8 +64,8 @@ def remove_unfinished() -> list[Path]:
 
 
 def _name_file(err: BaseException, file: Path) -> None:
-    """A write to an open file that fails (ENOSPC from `write` or `close`, however deep a library wrapped it) names
-    no file: it gets the one being written, which `attnlab.cli.faults` tells the user about."""
+    """Give the first OSError without a file name in `err`'s chain (ENOSPC from `write` or `close`, however deep a
+    library wrapped it) the name of the file being written."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -77,7 +76,7 @@ def _name_file(err: BaseException, file: Path) -> None:
 
 
 def link_file(source: str | os.PathLike, link: str | os.PathLike) -> str:
-    """Make `link` name the file `source` names, in one rename over whatever `link` was (a kill leaves the old one or
+    """Make `link` name the file `source` names, in one rename over the previous `link` (a kill leaves the old one or
     the new one, never none): a hard link (no second copy on disk, and it keeps the bytes when `source` is deleted),
     else a relative symbolic link, else (a filesystem with neither) a copy. Returns "hard link", "symlink" or "copy"."""
     source, link = Path(source), Path(link)
@@ -121,10 +120,8 @@ _claimed: dict[str, str] = {}
 
 def claim_folder(path: str) -> str:
     """A folder of this process's own: `path` created exclusively, or `path_2`, `path_3`, ... where another process
-    holds it (two runs started in the same second). Within one process the same path always gets the same answer:
-    Hydra resolves the run directory more than once. So do the processes a process starts: a multirun's submitit jobs
-    resolve its directory again, and get the same answer through the environment they inherit. The `${claim_dir:...}`
-    resolver of the run and multirun directories."""
+    holds it (two runs started in the same second). The same path always gets the same answer, within this process
+    and in the processes it starts (through the environment they inherit)."""
     inherited = os.environ.get(_claim_key(path))
     if path not in _claimed and inherited and Path(inherited).is_dir():
         _claimed[path] = inherited

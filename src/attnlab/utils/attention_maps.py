@@ -1,13 +1,6 @@
-"""Attention weights of timm Vision Transformers, and attention rollout (Abnar & Zuidema, 2020).
-
-timm's attention computes softmax(q k^T / sqrt(d)) inside `scaled_dot_product_attention` and never exposes it, so
-`attention_maps` records each attention module's input with a forward hook and recomputes the weights from the
-module's own projections (qkv, q_norm/k_norm, scale): the same numbers, for any timm ViT-style model (ViT, DeiT,
-the compact ViT of model=vit, an MAE encoder).
-
-    maps = attention_maps(model, images)        # one (B, heads, N, N) tensor per block
-    relevance = rollout(maps)                   # (B, N, N): attention flow from the input tokens through all blocks
-    grid = patch_relevance(relevance, net)      # (B, h, w): how much each image patch feeds the prediction
+"""Attention weights of timm ViT-style models (ViT, DeiT, model=vit, an MAE encoder), recomputed from each attention
+module's input and projections since timm's fused attention never exposes them, and attention rollout (Abnar &
+Zuidema, 2020): `attention_maps(model, x)` -> `rollout(maps)` -> `patch_relevance(relevance, net)`, a (B, h, w) grid.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Settings read from the environment: the ones a process needs before, or outside, its config (how long to wait at
-exit, how long a surviving rank waits for a failed peer's note)."""
+"""Settings read from the environment: those a process needs before, or outside, its config."""
 
 from __future__ import annotations
 

@@ -75,10 +75,8 @@ def log_images(trainer, key: str, images: list[tuple[Any, str | None]], single: 
 
 def run_dir(trainer) -> Path | None:
     """The run's own folder, where a task writes its media and a data module its reports: the trainer's
-    `default_root_dir`, which the entry points set to the run directory (paths.output_dir). A Trainer made without
-    one (a notebook's, or one built for Lightning's `lr_find`) falls back to the current directory, a checkout or a
-    project folder and never a run's: its logger's version folder (lightning_logs/version_N) is taken instead, and
-    without a logger there is none (None)."""
+    `default_root_dir`, unless that is merely the current directory (a Trainer made without one, outside a Hydra
+    run): then its logger's version folder (lightning_logs/version_N), or None without a logger."""
     root = Path(trainer.default_root_dir).resolve()
     if root != Path.cwd().resolve() or root == hydra_run_dir():  # Hydra's run dir is the cwd where it changes to it
         return root
@@ -106,7 +104,7 @@ _no_folder_said = False
 
 
 def hydra_run_dir() -> Path | None:
-    """The run directory of the Hydra run in progress (train.py's, or `compose_run`'s), or None."""
+    """The run directory of the Hydra run in progress, or None."""
     from hydra.core.hydra_config import HydraConfig
 
     try:

@@ -41,8 +41,8 @@ def predict(model, cfg, run_cfg) -> list[str]:
 
 
 def _legacy_cleaning(tokenizer, run_cfg):
-    """The tokenizer lowercases and Unicode-normalizes (its normalizer) since it carries the cleaning; a checkpoint
-    whose tokenizer predates that gets the cleaning its run's data config names."""
+    """The cleaning a source line gets before it is encoded: none where the tokenizer normalizes itself (lowercasing,
+    Unicode normalization), else the cleaning its run's data config names."""
     from attnlab.data.translation.parallel_text import clean_text
 
     if getattr(tokenizer, "normalizes", True) or run_cfg is None:

@@ -1,10 +1,6 @@
 """`launcher.timeout_min=auto` and `launcher.mem_gb=auto`: a job sized from what earlier jobs of the same key
-measured on its partition (attnlab.cluster.costs), else the partition's limit and SLURM's default memory.
-
-Every kind of job the sweep runs is looked up (`sweep_jobs`): each line of the sweep's groups, with each value of a
-swept key that changes a step's cost (`model.depth=2,4`, the sweeper's `choice(...)`), on each kind of node of the
-partition that could run it. All must be known, the longest time and the largest memory are asked; a sweep whose
-jobs cannot be listed (an Optuna `interval(...)` over such a key) asks for the partition's limit."""
+measured on its partition, else the partition's limit and SLURM's default memory. Every kind of job a sweep runs must
+be known; the longest time and the largest memory are asked for."""
 
 from __future__ import annotations
 
@@ -22,11 +18,10 @@ MAX_JOBS = 256  # kinds of job a sweep's sizing looks up, at most
 
 
 def size(job, s, cfgs: list, overrides: list[str], cache_dir, code: str | None = None) -> None:
-    """`launcher.timeout_min=auto` and `launcher.mem_gb=auto` from what earlier jobs of the same key measured on the
-    job's partition (the largest over the sweep's jobs; all of them must be known), else the partition's limit and
-    SLURM's default memory; `job` (fit.Fit) is changed in place, with where each value came from. The values the
-    user gave (launcher.timeout_min, launcher.mem_gb, launcher.signal_delay_s) are kept. `cfgs`: the composed config
-    of each line of the sweep (attnlab.cli.hydra_errors._variants), `overrides`: its command line."""
+    """Size `job` (fit.Fit, changed in place, with where each value came from) for `launcher.timeout_min=auto` and
+    `launcher.mem_gb=auto`, as the module says; the values the user gave (launcher.timeout_min, launcher.mem_gb,
+    launcher.signal_delay_s) are kept. `cfgs`: the composed config of each line of the sweep, `overrides`: its
+    command line."""
     from attnlab.cli.slurm.fit import AUTO, default_lead
 
     auto_time, auto_mem = s.timeout_min in (AUTO, None), s.mem_gb == AUTO

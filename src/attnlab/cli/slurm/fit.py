@@ -1,17 +1,8 @@
 """The resources of a run's SLURM job, fitted to its partition from the run's own settings.
 
 `fit(settings, cluster)` is pure: the run's settings (trainer.*, data.num_workers, launcher.*) and the cluster as
-`sinfo`/`sacctmgr` describe it in, the job's resources out, or a UserError naming the setting to change. Rules:
-
-- tasks per node = devices per node (Lightning checks `trainer.devices` against SLURM's `--ntasks-per-node`);
-- GPUs only when the trainer uses them (`trainer.accelerator=gpu`, or `auto` on a partition with GPUs), by default
-  the trainer's `devices` (all of a node's GPUs for `devices=auto`);
-- CPUs per task by default `data.num_workers + 1` (the loader's workers and the training process), at most what a
-  node has for each of its tasks;
-- the time limit by default the partition's; the warning signal before it (`signal_delay_s`) 120 s, but at most a
-  fifth of the time limit (at least 10 s), so that a short limit does not signal, requeue and signal again at once;
-- values the user gave (`launcher.cpus_per_task=2`, `trainer.devices=4`) are kept, and refused when the partition
-  cannot give them or they contradict each other."""
+`sinfo`/`sacctmgr` describe it in, the job's resources out, or a UserError naming the setting to change. Values the
+user gave are kept, and refused when the partition cannot give them or they contradict each other."""
 
 from __future__ import annotations
 
@@ -81,6 +72,10 @@ class Fit:
 
 
 def fit(s: Settings, cluster: Cluster) -> Fit:
+    """The job's resources. By default: one task per device; GPUs only when the trainer uses them (`gpu`, or `auto`
+    on a partition with GPUs), `trainer.devices` of them (a node's GPUs for `devices=auto`); `data.num_workers + 1`
+    CPUs per task, within the node; the partition's time limit, and the warning signal 120 s before it (at most a
+    fifth of the limit, at least 10 s)."""
     part = _partition(s, cluster)
     _check_accounting(s, cluster)
     nodes = _int_setting("trainer.num_nodes", s.num_nodes, minimum=1)
