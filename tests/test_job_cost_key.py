@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from attnlab.callbacks import job_cost
 from attnlab.callbacks.run_metadata import RunMetadata
 from attnlab.cli import slurm as driver
+from attnlab.cli.hydra_errors import check_composes
 from attnlab.lineage import code_record
 from attnlab.cluster.nodes import Cluster, NodeKind, Partition, parse_sinfo
 from attnlab.config import CONF_DIR
@@ -24,8 +25,8 @@ READ_CONFIG = job_cost.composed_config
 
 
 def _compose(tmp_path, *overrides: str):
-    cfg = driver._compose(["launcher=slurm", "trainer=cpu", "data=cifar10", f"paths.data_dir={tmp_path / 'data'}",
-                           f"paths.cache_dir={tmp_path / 'cache'}", *overrides], CONF_DIR, "train")
+    cfg = check_composes(["launcher=slurm", "trainer=cpu", "data=cifar10", f"paths.data_dir={tmp_path / 'data'}",
+                          f"paths.cache_dir={tmp_path / 'cache'}", *overrides], CONF_DIR, "train").configs[0]
     assert cfg is not None, overrides
     return cfg
 
@@ -118,7 +119,7 @@ def test_the_jobs_node_is_the_one_sinfo_describes_to_the_driver(monkeypatch):
 def _job(tmp_path, monkeypatch, argv: list[str], job_id: str):
     """What the job of `argv` (one job's overrides, as submitit runs it) computes: its own composition saved as
     Hydra saves it, read back by JobCost."""
-    cfg = driver._compose([a for a in argv if a != "-m"], CONF_DIR, "train")
+    cfg = check_composes([a for a in argv if a != "-m"], CONF_DIR, "train").configs[0]
     assert cfg is not None
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     saved = tmp_path / f"job{job_id}" / ".hydra" / "config.yaml"
@@ -145,7 +146,7 @@ def test_a_sweep_is_sized_from_its_jobs_own_records(tmp_path, monkeypatch):
     common = ["launcher=slurm", "trainer=cpu", f"paths.cache_dir={tmp_path / 'cache'}", "launcher.timeout_min=auto",
               "launcher.mem_gb=auto", "trainer.max_epochs=3"]
     argv = ["-m", *common, "data.batch_size=16,32", "launcher.signal_delay_s=300"]
-    first = driver.fit_command_line(list(argv), CONF_DIR)
+    first = driver.fit_command_line(list(argv), check_composes(list(argv), CONF_DIR, "train"))
     assert "launcher.timeout_min=1440" in first
     for batch, job_id in (("16", "21"), ("32", "22")):
         job = [a if not a.startswith("data.batch_size=") else f"data.batch_size={batch}" for a in first]
@@ -154,7 +155,7 @@ def test_a_sweep_is_sized_from_its_jobs_own_records(tmp_path, monkeypatch):
         cost.startup_s, cost.where = 30.0, job_cost.where_recorded(trainer)
         assert cost.where is not None
         cost.record(trainer, 0.8)  # 30 s + 300 steps x 0.8 s: the same minutes for both
-    second = driver.fit_command_line(list(argv), CONF_DIR)
+    second = driver.fit_command_line(list(argv), check_composes(list(argv), CONF_DIR, "train"))
     # (30 + 300 x 0.8) x 1.25 = 337.5 s, then the user's 300 s lead: 11 min
     assert "launcher.timeout_min=11" in second and "launcher.signal_delay_s=300" in second, second
     assert any(a.startswith("launcher.mem_gb=") for a in second)

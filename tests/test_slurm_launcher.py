@@ -13,6 +13,7 @@ import sys
 import pytest
 import yaml
 
+from attnlab.cli.hydra_errors import check_composes
 from attnlab.cli.slurm import fit_command_line, settings
 from attnlab.cluster.nodes import Cluster, parse_gpus, parse_minutes, parse_sinfo
 from attnlab.cli.slurm.fit import default_lead, fit
@@ -142,8 +143,11 @@ def test_signal_lead_and_time_limit_follow_the_partition(slurm_cluster):
     are (and are not) SLURM multiruns."""
     slurm_cluster(accounting=True)
 
+    def fit(argv: list[str]) -> list[str]:  # as the one step before Hydra fits it, from its composition
+        return fit_command_line(argv, check_composes(argv, CONF_DIR, "train"))
+
     def fitted(*args: str) -> dict[str, str]:
-        argv = fit_command_line(["-m", "launcher=slurm", "trainer=cpu", *args], CONF_DIR)
+        argv = fit(["-m", "launcher=slurm", "trainer=cpu", *args])
         return dict(a.split("=", 1) for a in argv if "=" in a)
 
     short = fitted("launcher.partition=short")
@@ -161,9 +165,9 @@ def test_signal_lead_and_time_limit_follow_the_partition(slurm_cluster):
                                         r"for every job of a sweep"):
         fitted("trainer.num_nodes=1,2")
     # an Optuna search is a multirun without -m (its config sets hydra.mode); a single run trains here, unfitted
-    search = fit_command_line(["hparams_search=vit_digits_optuna", "launcher=slurm", "trainer=cpu"], CONF_DIR)
+    search = fit(["hparams_search=vit_digits_optuna", "launcher=slurm", "trainer=cpu"])
     assert "launcher.tasks_per_node=1" in search
-    assert fit_command_line(["launcher=slurm", "trainer=cpu"], CONF_DIR) == ["launcher=slurm", "trainer=cpu"]
+    assert fit(["launcher=slurm", "trainer=cpu"]) == ["launcher=slurm", "trainer=cpu"]
 
 
 def test_submitits_own_submission_error_is_one_paragraph(slurm_cluster):
@@ -196,9 +200,7 @@ def _gpu_cluster() -> Cluster:
 
 
 def _compose(overrides: list[str]):
-    from attnlab.cli.slurm import _compose as compose_with_hydra
-
-    cfg = compose_with_hydra(["launcher=slurm", *overrides], CONF_DIR, "train")
+    cfg = check_composes(["launcher=slurm", *overrides], CONF_DIR, "train").configs[0]
     assert cfg is not None
     return settings(cfg, {o.split("=")[0] for o in overrides})
 

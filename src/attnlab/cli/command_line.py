@@ -1,9 +1,8 @@
-"""The one step before Hydra: an entry point's command line made ready for it (`before_hydra`).
+"""The one step before Hydra: an entry point's command line checked and made ready for it (`before_hydra`).
 
-Secrets are taken off it (attnlab.redact), `group=null` becomes Hydra's `~group`, and what Hydra would answer with a
-traceback or its own message is answered first with attnlab's paragraph: a launcher or sweeper plugin that is not
-installed, an output folder that cannot be written, an option or key that does not compose. Under `launcher=slurm`
-each job is fitted to its partition. Hydra's own parser reads the flags (cli/hydra_errors.py).
+Secrets are taken off it, and a mistake that Hydra would answer with a traceback or its own message (a plugin that is
+not installed, an output folder that cannot be written, an option or key that does not compose) is answered first
+with one paragraph.
 """
 
 from __future__ import annotations
@@ -46,12 +45,13 @@ def before_hydra(argv: list[str], entry: str) -> Command:
 
         fail_before_hydra(check_plugins, argv, CONF_DIR)
     fail_before_hydra(check_output_paths, argv)
-    pin_hydra_mode(fail_before_hydra(check_composes, argv, CONF_DIR, entry))
+    composed = fail_before_hydra(check_composes, argv, CONF_DIR, entry)  # each variant of a sweep, once
+    pin_hydra_mode(composed.mode if composed else None)
     if entry == "train":
         from attnlab.cli.slurm import fit_command_line
 
         try:
-            argv = fit_command_line(argv, CONF_DIR)
+            argv = fit_command_line(argv, composed)
         except UserError as e:
             fail(e)
     return Command(argv, rerun)

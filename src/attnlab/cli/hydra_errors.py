@@ -1,14 +1,14 @@
-"""The command line composed once before Hydra runs it, so that what Hydra would answer with its own message (every
-option of a group and the config search path, "Key 'max_epoch' is not in struct", a YAML parser's traceback) is
-answered by attnlab's paragraph: which group or key, the closest valid names, and where options come from.
-
-Only these composition errors are translated; anything else is left to Hydra, which composes again and runs."""
+"""The command line composed once before Hydra runs it, so that a group option that does not exist, a key not in the
+config or a config file that is not valid YAML is answered by one paragraph: which group or key, the closest valid
+names, and where options come from. Any other error is left to Hydra's own run."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from attnlab.errors import UserError
 
@@ -24,18 +24,38 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, [*args.overrides, *rest]
 
 
-def check_composes(argv: list[str], conf_dir: Path, config_name: str) -> str | None:
+@dataclass(frozen=True)
+class Composed:
+    """The command line as Hydra reads it, and the config of each of its variants (`_variants`; None for one that
+    does not compose for another reason than those translated here: Hydra's own run says why)."""
+
+    args: argparse.Namespace
+    overrides: list[str]
+    variants: list[list[str]]
+    configs: list[Any]
+
+    @property
+    def mode(self) -> str | None:
+        """The run mode the config sets (`hydra.mode`: RUN, MULTIRUN, or "" where it sets none); None where the
+        command line did not compose."""
+        cfg = self.configs[0] if self.configs else None
+        if cfg is None:
+            return None
+        mode = cfg.hydra.get("mode")
+        return mode.name if hasattr(mode, "name") else str(mode or "")
+
+
+def check_composes(argv: list[str], conf_dir: Path, config_name: str) -> Composed | None:
     """Compose `argv` as Hydra will (each value of a sweep's group choices once); raise a UserError for an option
-    that is not there, a key that is not in the config, or a config file that is not valid YAML. -> the run mode the
-    composed config sets (`hydra.mode`: RUN, MULTIRUN, or "" where it sets none), for `compat.pin_hydra_mode`; None
-    where it was not composed."""
+    that is not there, a key that is not in the config, or a config file that is not valid YAML. None where the
+    command line asks Hydra for something other than a run (--help, --info, ...)."""
     args, overrides = parse_command_line(argv)
     if any(getattr(args, m, None) for m in OTHER_MODES) or any(o.startswith("-") for o in overrides):
         return None
     config_dir = Path(args.config_dir).expanduser().absolute() if args.config_dir else None
-    modes = [_compose(variant, conf_dir, args.config_name or config_name, config_dir)
-             for variant in _variants(overrides)]
-    return modes[0] if modes else None
+    variants = _variants(overrides)
+    configs = [_compose(variant, conf_dir, args.config_name or config_name, config_dir) for variant in variants]
+    return Composed(args, overrides, variants, configs)
 
 
 def _variants(overrides: list[str]) -> list[list[str]]:
@@ -64,7 +84,7 @@ def _variants(overrides: list[str]) -> list[list[str]]:
     return lines
 
 
-def _compose(overrides: list[str], conf_dir: Path, config_name: str, config_dir: Path | None) -> str | None:
+def _compose(overrides: list[str], conf_dir: Path, config_name: str, config_dir: Path | None) -> Any:
     import yaml
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -78,9 +98,7 @@ def _compose(overrides: list[str], conf_dir: Path, config_name: str, config_dir:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
-            cfg = compose(config_name=config_name, overrides=[*overrides, *extra], return_hydra_config=True)
-        mode = cfg.hydra.get("mode")
-        return mode.name if hasattr(mode, "name") else str(mode or "")
+            return compose(config_name=config_name, overrides=[*overrides, *extra], return_hydra_config=True)
     except MissingConfigException as e:
         raise _missing_option(e, conf_dir, config_dir) from None
     except ConfigCompositionException as e:

@@ -1,18 +1,14 @@
 """`launcher=slurm`: the job fitted to its partition before Hydra composes and submits anything.
 
-`fit_command_line(argv)` runs in train.py's `main()` for a multirun whose launcher is SLURM (`launcher=slurm`, or
-Hydra's `hydra/launcher=submitit_slurm`). It composes the command line once, reads the partition (`sinfo`) and the
-user's accounts and QOS (`sacctmgr`), fits the job's resources from the run's own settings (fit.py), lets SLURM judge
-the batch script that would be submitted (`sbatch --test-only`, sbatch.py), and returns the command line with the
-fitted values as overrides of the run's own keys (`launcher.tasks_per_node=1 launcher.cpus_per_task=1 ...
-trainer.devices=1`): each job's `.hydra/overrides.yaml` and config hold them, and `conf/launcher/slurm.yaml` hands
-them to Hydra's submitit launcher (`hydra.launcher.*`). What sbatch would refuse is one paragraph naming the setting."""
+For a SLURM multirun, `fit_command_line` fits the job's resources to the partition from the run's own settings, has
+SLURM judge the batch script (`sbatch --test-only`), and returns the command line with the fitted values as
+overrides of the run's own keys (`launcher.cpus_per_task=1 ... trainer.devices=1`), which each job's config then
+holds. What sbatch would refuse is one paragraph naming the setting."""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from attnlab.errors import UserError
@@ -28,20 +24,15 @@ MULTIRUN_KEYS = ("hydra.mode=", "hparams_search=", "experiment=", "hydra/sweeper
 AUTO_WHEN_NULL = ("tasks_per_node", "cpus_per_task", "timeout_min", "signal_delay_s")
 
 
-def fit_command_line(argv: list[str], conf_dir: Path) -> list[str]:
+def fit_command_line(argv: list[str], composed) -> list[str]:
     """argv with the fitted SLURM resources appended (or put in place of the user's own values), or argv unchanged
-    where the command is not a SLURM multirun."""
-    from attnlab.cli.hydra_errors import OTHER_MODES, _variants, parse_command_line
-
-    args, overrides = parse_command_line(argv)
-    may_sweep = args.multirun or any(o.lstrip("+").startswith(MULTIRUN_KEYS) for o in overrides)
-    if not may_sweep or args.cfg or any(getattr(args, m, None) for m in OTHER_MODES) \
-            or any(o.startswith("-") for o in overrides):
+    where the command is not a SLURM multirun. `composed`: argv as cli/hydra_errors.check_composes composed it."""
+    if composed is None:
         return argv
-    variants = _variants(overrides)
-    extra = [f"hydra.searchpath=[file://{Path(args.config_dir).expanduser().absolute()}]"] if args.config_dir else []
-    cfgs = [_compose(v + extra, conf_dir, args.config_name or "train") for v in variants] if variants else []
-    if not cfgs or cfgs[0] is None or not _is_slurm(cfgs[0]):
+    args, overrides = composed.args, composed.overrides
+    may_sweep = args.multirun or any(o.lstrip("+").startswith(MULTIRUN_KEYS) for o in overrides)
+    variants, cfgs = composed.variants, composed.configs
+    if not may_sweep or args.cfg or not cfgs or cfgs[0] is None or not _is_slurm(cfgs[0]):
         return argv
     if not args.multirun and "MULTIRUN" not in str(cfgs[0].hydra.get("mode")):  # a single run trains here
         return argv
@@ -108,21 +99,6 @@ def _targets(cfg) -> dict[str, str]:
     raw = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     return {key: f"hydra.launcher.{hydra_key}" for hydra_key, key in LAUNCHER_KEYS.items()
             if key.startswith("launcher.") and raw.get(hydra_key, "${" + key + "}") != "${" + key + "}"}
-
-
-def _compose(overrides: list[str], conf_dir: Path, config_name: str):
-    """The composed config with Hydra's node, or None where it does not compose (Hydra's run then says why)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
-            return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-    except Exception:
-        return None
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def _is_slurm(cfg) -> bool:
