@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from attnlab.cluster.outcome import RUNNING, AttemptEnd, Cause, Outcome
-from hydra_plugins.attnlab_slurm_launcher import slurm_launcher as sl
+from hydra_plugins.attnlab_slurm_launcher import _states as machine, slurm_launcher as sl
 
 LOST_REQUEUED = AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST)
 
@@ -37,10 +37,12 @@ def script(monkeypatch, answers: list, sacct: dict | None = None, on_poll=None):
 
     monkeypatch.setattr(sl, "_queue_states", queue_states)
     monkeypatch.setattr(sl, "_accounting_on", lambda: sacct is not None)
-    monkeypatch.setattr(sl, "_sacct_state", lambda job_id: (sacct or {}).get(job_id))
-    monkeypatch.setattr(sl, "_requeueable", lambda job_id: None)  # scontrol says nothing of the Requeue flag
+    monkeypatch.setattr(machine, "_sacct_state", lambda job_id: (sacct or {}).get(job_id))
+    monkeypatch.setattr(machine, "_requeueable", lambda job_id: None)  # scontrol says nothing of the Requeue flag
     monkeypatch.setattr(sl, "QUEUE", sl._Queue())
-    monkeypatch.setattr(sl, "time", FakeClock())
+    clock = FakeClock()
+    monkeypatch.setattr(sl, "time", clock)
+    monkeypatch.setattr(machine, "time", clock)
     return polls
 
 
@@ -67,7 +69,7 @@ def watched(tmp_path, *ids):
 
 
 def test_a_controller_outage_is_waited_out_and_no_job_is_taken_for_gone(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(sl, "GONE_GRACE_S", 0.0)  # a missing job would be gone at once
+    monkeypatch.setattr(machine, "GONE_GRACE_S", 0.0)  # a missing job would be gone at once
     jobs = watched(tmp_path, "11", "12")
     running = {"11": ("RUNNING", "n1"), "12": ("RUNNING", "n2")}
     answers = [running, None, None, None, running, {"11": ("COMPLETED", "n1"), "12": ("COMPLETED", "n2")}]
@@ -97,7 +99,7 @@ def test_a_completed_job_whose_result_shows_late_is_not_failed(monkeypatch, tmp_
     assert jobs[0].state == "COMPLETED" and jobs[0].outcome == ("success", "done")
 
 
-@pytest.mark.parametrize("state", sorted(sl.MAYBE_REQUEUED))
+@pytest.mark.parametrize("state", sorted(machine.MAYBE_REQUEUED))
 def test_a_state_slurm_may_requeue_from_is_looked_at_again(state, monkeypatch, tmp_path, caplog):
     jobs = watched(tmp_path, "31")
     answers = [{"31": ("RUNNING", "n1")}, {"31": (state, "n1")}, {"31": (state, "n1")}, {"31": ("PENDING", "")},
@@ -110,7 +112,7 @@ def test_a_state_slurm_may_requeue_from_is_looked_at_again(state, monkeypatch, t
 
 
 def test_a_state_that_stays_is_final_after_its_grace(monkeypatch, tmp_path):
-    monkeypatch.setattr(sl, "REQUEUE_GRACE_S", 0.0)
+    monkeypatch.setattr(machine, "REQUEUE_GRACE_S", 0.0)
     jobs = watched(tmp_path, "41")
     script(monkeypatch, [{"41": ("RUNNING", "n1")}, {"41": ("NODE_FAIL", "n1")}])
     sl.watch(jobs, poll_s=0.0)
@@ -125,7 +127,7 @@ def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thre
     sl.watch(jobs, poll_s=2.0, poll_max_s=30.0)
     gaps = [b - a for a, b in zip(at, at[1:])]
     assert gaps[:3] == [2.0, 3.0, 4.5] and gaps == sorted(gaps) and max(gaps) == 30.0, gaps
-    assert max(sl.time.slept) == sl.RESULT_LOOK_S  # looking for the result files between polls
+    assert max(sl.time.slept) == machine.RESULT_LOOK_S  # looking for the result files between polls
 
     # two watching threads (an Optuna sweep's parallel trials), one squeue for both jobs a poll
     queue = sl._Queue()
