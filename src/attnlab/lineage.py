@@ -13,11 +13,12 @@ import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from attnlab.cluster.outcome import RUNNING, AttemptEnd, Outcome
+from attnlab.utils import dotted
+from attnlab.utils.env import package_versions
 from attnlab.utils.paths import is_under
 
 # the libraries whose versions change results
@@ -43,7 +44,7 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
         "attnlab": attnlab.__version__,
         "git": git,
         "python": platform.python_version(),
-        "packages": _versions(),
+        "packages": package_versions(PACKAGES),
         "accelerator": _accelerator(),
         "host": socket.gethostname(),
         "os": platform.platform(),
@@ -163,16 +164,6 @@ def launcher_settings() -> dict[str, Any] | None:
     return {k: v for k, v in settings.items() if isinstance(v, (str, int, float, bool))}
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
 def _accelerator() -> dict[str, Any]:
     from attnlab.utils.cpus import usable_cpus
 
@@ -205,19 +196,8 @@ def _cpu_model() -> str:
 
 def flatten(record: dict[str, Any] | None) -> dict[str, Any]:
     """Dotted keys of a lineage record, for comparing two runs (times and earlier records left out)."""
-    out: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}.{k}" if prefix else str(k))
-        else:
-            out[prefix] = node
-
-    for key, value in (record or {}).items():
-        if key not in ("started", "ended", "earlier"):
-            walk(value, key)
-    return out
+    kept = {k: v for k, v in (record or {}).items() if k not in ("started", "ended", "earlier")}
+    return dotted.flatten(kept, keep_empty=False)
 
 
 def code_record(cwd: str | os.PathLike | None = None) -> dict[str, Any]:

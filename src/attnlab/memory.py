@@ -15,6 +15,7 @@ from torch.nn.parameter import is_lazy
 
 from attnlab.errors import UserError
 from attnlab.traced_step import activation_bytes, tensors
+from attnlab.utils.env import package_versions
 
 log = logging.getLogger("attnlab")
 
@@ -195,7 +196,9 @@ def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: s
                                   if k not in _NOT_IN_THE_STEP)), "sources": sorted(sources),
            "trainable": [(n, p.shape) for n, p in task.named_parameters() if p.requires_grad],
            "batch": [(tuple(t.shape), t.dtype) for t in tensors(batch)],
-           "autocast": dtype, "versions": _versions()}
+           "autocast": dtype,
+           "versions": package_versions(("attnlab", "torch", "timm", "lightning", "transformers",
+                                         "segmentation-models-pytorch"))}
     digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:24]
     path = Path(cache_dir) / "memory" / f"{digest}.json"
     try:
@@ -210,18 +213,6 @@ def cached_activation_bytes(task, batch, dtype: torch.dtype | None, cache_dir: s
         except OSError as e:  # a read-only or full cache folder: the next run traces again
             log.debug("memory: estimate not cached (%s)", e)
     return peak
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {"torch": torch.__version__}
-    for name in ("attnlab", "timm", "lightning", "transformers", "segmentation-models-pytorch"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def _available(on_gpu: bool, processes: int) -> int | None:

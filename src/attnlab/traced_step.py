@@ -9,6 +9,7 @@ import logging
 import random
 import weakref
 
+import numpy as np
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn.parameter import is_lazy
@@ -62,7 +63,7 @@ def _quiet_step(task):
     buffers = {name: b.clone() for name, b in task.named_buffers()}
     saved = {m: metric_state(m) for m in task.modules() if isinstance(m, Metric)}
     py_state = random.getstate()
-    np_state = _numpy_state()
+    np_state = np.random.get_state()
     try:
         with logging_off(task), torch.random.fork_rng(devices=[]):
             yield
@@ -73,10 +74,7 @@ def _quiet_step(task):
             for name, b in task.named_buffers():
                 b.copy_(buffers[name])
         random.setstate(py_state)
-        if np_state is not None:
-            import numpy as np
-
-            np.random.set_state(np_state)
+        np.random.set_state(np_state)
 
 
 @contextlib.contextmanager
@@ -91,15 +89,6 @@ def logging_off(task):
     finally:
         for name in names:
             delattr(task, name)  # the class's method again
-
-
-def _numpy_state():
-    try:
-        import numpy as np
-
-        return np.random.get_state()
-    except ImportError:
-        return None
 
 
 def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> int | None:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from attnlab.callbacks.run_metadata import ledger_of, requeue_budget
-from attnlab.cluster.outcome import AttemptEnd, Cause
+from attnlab.callbacks.run_metadata import ledger_of, record_end, requeue_budget
+from attnlab.cluster.outcome import Cause
 from attnlab.cluster.rules import Decision, Event, JobState, decide
 from attnlab.cluster.slurm_job import LOST, RUNNING, forbid_requeue, in_slurm_job
 from attnlab.utils import atomic, env
@@ -109,8 +109,8 @@ class PeerWatch(Callback):
         failed = self.peer_failure(trainer.global_rank)
         if failed is not None:
             ledger_of(trainer).note(Cause.RANK_FAILED, rank=trainer.global_rank, failed_rank=failed["rank"])
-            _record(trainer, decide(Event.PEER_FAILED, JobState(detail=f"rank {failed['rank']}")).end,
-                    peer_error=failed["error"])
+            end = decide(Event.PEER_FAILED, JobState(detail=f"rank {failed['rank']}")).end
+            record_end(trainer, end, any_rank=True, peer_error=failed["error"])
             _say(f"rank {failed['rank']} of this run failed ({failed['error'].splitlines()[0][:200]}); rank "
                  f"{trainer.global_rank} stops with it (its own error, below, follows from that one). See rank "
                  f"{failed['rank']}'s log for the cause.")
@@ -164,7 +164,7 @@ class PeerWatch(Callback):
                 why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
             self.fail(trainer, decision, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}", requeues_spent=spent)
         # recorded before the requeue, for the sweep driver that sees it
-        _record(trainer, decision.end, error=what, requeues_spent=spent + 1)
+        record_end(trainer, decision.end, any_rank=True, error=what, requeues_spent=spent + 1)
         requeued, why = ledger.requeue(LOST, rank=trainer.global_rank, global_step=trainer.global_step, error=what)
         if requeued:
             _say(f"a peer rank was lost ({what}): its node or its process went away, not a fault of the run. {kept}; "
@@ -180,19 +180,10 @@ class PeerWatch(Callback):
         decision's status (the process group is broken: nothing more to unwind)."""
         from attnlab.cluster.exit import end_at_once
 
-        _record(trainer, decision.end, error=what, not_requeued=why, **fields)
+        record_end(trainer, decision.end, any_rank=True, error=what, not_requeued=why, **fields)
         _say(f"a peer rank was lost ({what}). The job fails and is not requeued: {why}. {kept} Exit status "
              f"{decision.exit_code}.")
         end_at_once(decision.exit_code)
-
-
-def _record(trainer, end: AttemptEnd, **fields) -> None:
-    """How this attempt ended, in the run's lineage: by this rank whichever it is (rank 0 may be the one lost)."""
-    from attnlab.callbacks.run_metadata import RunMetadata
-
-    metadata = RunMetadata.of(trainer)
-    if metadata is not None:
-        metadata.finish(trainer, end, any_rank=True, **fields)
 
 
 def _say(line: str) -> None:

@@ -113,3 +113,10 @@ def ledger_of(trainer: L.Trainer) -> Ledger:
 def requeue_budget(trainer: L.Trainer) -> tuple[int, str]:
     """The budget of requeues of each counted cause, from the run's resolved launcher (cluster/slurm_job.py)."""
     return max_requeues((getattr(RunMetadata.of(trainer), "lineage", None) or {}).get("launcher"))
+
+
+def record_end(trainer, end: AttemptEnd, any_rank: bool = False, **fields: Any) -> None:
+    """How this attempt ended, in the run's lineage (`RunMetadata.finish`), where the trainer has a RunMetadata."""
+    metadata = RunMetadata.of(trainer)
+    if metadata is not None:
+        metadata.finish(trainer, end, any_rank=any_rank, **fields)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from attnlab.callbacks.run_metadata import record_end
 from attnlab.cluster import submitit_bridge
 from attnlab.cluster.exit import STOPPED
 from attnlab.cluster.outcome import AttemptEnd, Cause, Outcome
@@ -39,10 +40,6 @@ class SignalGuard(Callback):
         self.owns_sigterm = False
         self._trainer = None
         self._submitit = None
-
-    @staticmethod
-    def of(trainer) -> SignalGuard | None:
-        return next((c for c in trainer.callbacks if isinstance(c, SignalGuard)), None)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # before Lightning registers its own SIGTERM handler, which calls the one it finds after its own
@@ -168,7 +165,7 @@ class SignalGuard(Callback):
             self.save_last(trainer)
             self.requeue(trainer)
             return
-        self.record(trainer, decide(Event.SIGTERM, JobState()).end, signal="SIGTERM")
+        record_end(trainer, decide(Event.SIGTERM, JobState()).end, signal="SIGTERM")
         last = self.saved(trainer)
         kept = (f"step {trainer.global_step} is saved in {last}; resume from it with ckpt_path={last}" if last
                 else "no checkpoint is configured (callbacks.model_checkpoint), so nothing was saved")
@@ -193,11 +190,11 @@ class SignalGuard(Callback):
         kept = f"step {trainer.global_step} is saved in {last}" if last else "nothing was saved (no checkpoint " \
             "is configured: callbacks.model_checkpoint)"
         if end.outcome is Outcome.REQUEUED:
-            self.record(trainer, end, signal=name)
+            record_end(trainer, end, signal=name)
             os.write(2, f"attnlab: {name} ({cause}): {kept}; the job is requeued and continues from it in this "
                         f"folder. Exit status {STOPPED}.\n".encode())
             return
-        self.record(trainer, end, signal=name, not_requeued=why)
+        record_end(trainer, end, signal=name, not_requeued=why)
         resume = f" Resume from it with ckpt_path={last}." if last else ""
         os.write(2, f"attnlab: {name} ({cause}): {kept}. The job is not requeued: {why}.{resume} Exit status "
                     f"{STOPPED} (not finished).\n".encode())
@@ -269,15 +266,6 @@ class SignalGuard(Callback):
             return Path(ckpt.dirpath) / "last.ckpt"
         return None
 
-    @staticmethod
-    def record(trainer, end: AttemptEnd, **fields) -> None:
-        """How this attempt ended, in the run's lineage (RunMetadata)."""
-        from attnlab.callbacks.run_metadata import RunMetadata
-
-        metadata = RunMetadata.of(trainer)
-        if metadata is not None:
-            metadata.finish(trainer, end, **fields)
-
     def last_checkpoint(self) -> str | None:
         ckpt = getattr(self._trainer, "checkpoint_callback", None)
         path = getattr(ckpt, "last_model_path", "") or ""
@@ -292,7 +280,7 @@ class SignalGuard(Callback):
         kept = (f"the last checkpoint is {last}; resume from it with ckpt_path={last}" if last
                 else "no checkpoint had been saved yet")
         if self._trainer is not None:
-            self.record(self._trainer, decision.end, signal="SIGTERM")
+            record_end(self._trainer, decision.end, signal="SIGTERM")
         why = decision.end.detail
         os.write(2, f"\nattnlab: stopped at once on {why}: the current step is lost; {kept}.\n".encode())
         end_at_once(decision.exit_code)

@@ -12,6 +12,7 @@ import torch
 
 from attnlab.checkpoints.reading import load_checkpoint, newest_last
 from attnlab.errors import UserError
+from attnlab.utils.dotted import flatten
 from attnlab.checkpoints.sharded import is_checkpoint
 
 log = logging.getLogger("attnlab")
@@ -139,13 +140,8 @@ RUNTIME_KEYS = ("compile", "activation_checkpointing")  # how the model runs, no
 
 def check_same_model(meta: dict, model_cfg: dict, ckpt_path: str) -> None:
     """An auto-resumed run must build the model the run directory's checkpoint holds (its runtime keys aside)."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out |= flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
-        return out
-
-    before, now = flat(meta["config"]["model"]), flat(model_cfg)
+    before = flatten(meta["config"]["model"], keep_empty=False)
+    now = flatten(model_cfg, keep_empty=False)
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k) and k not in RUNTIME_KEYS)
     if changed:
         shown = ", ".join(f"model.{k}: {before.get(k)} -> {now.get(k)}" for k in changed[:6])

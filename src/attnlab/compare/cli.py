@@ -88,35 +88,38 @@ def _groups(runs: list[Run], by: str, keys: list[str]) -> dict[str, list[Run]]:
 
 def show_diff(a: str, b: str, console=None) -> list[tuple]:
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     runs = find_runs([a]), find_runs([b])
     for path, found in zip((a, b), runs):
         if len(found) != 1:
             raise UserError(f"--diff {path}: give one run directory (it holds {len(found)} runs).")
-    rows = diff(runs[0][0], runs[1][0])
-    from rich.text import Text
-
-    table = Table(title=Text(f"config keys that differ: A={runs[0][0].name}, B={runs[1][0].name}"))
-    for col in ("key", "A", "B"):
-        table.add_column(col, overflow="fold")
-    for k, va, vb in rows:
-        table.add_row(Text(k), Text(str(va)), Text(str(vb)))
-    console.print(table if rows else "the two runs have the same config")
     a_run, b_run = runs[0][0], runs[1][0]
+    rows = diff(a_run, b_run)
+    console.print(_diff_table(f"config keys that differ: A={a_run.name}, B={b_run.name}", rows)
+                  if rows else "the two runs have the same config")
     if a_run.lineage is None or b_run.lineage is None:
         missing = [r.name for r in (a_run, b_run) if r.lineage is None]
         console.print(Text(f"no lineage.json in {', '.join(missing)} (runs of attnlab before lineage was recorded)"))
         return rows
     lineage_rows_ = lineage_diff(a_run, b_run)
-    table = Table(title="lineage that differs (code, environment, machine)")
+    console.print(_diff_table("lineage that differs (code, environment, machine)", lineage_rows_) if lineage_rows_
+                  else "the two runs have the same lineage (code, environment, machine)")
+    return rows + [(f"lineage.{k}", va, vb) for k, va, vb in lineage_rows_]
+
+
+def _diff_table(title: str, rows: list[tuple]):
+    """A table of (key, value in A, value in B), its title and cells printed as they are (no markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(title))
     for col in ("key", "A", "B"):
         table.add_column(col, overflow="fold")
-    for k, va, vb in lineage_rows_:
+    for k, va, vb in rows:
         table.add_row(Text(k), Text(str(va)), Text(str(vb)))
-    console.print(table if lineage_rows_ else "the two runs have the same lineage (code, environment, machine)")
-    return rows + [(f"lineage.{k}", va, vb) for k, va, vb in lineage_rows_]
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:

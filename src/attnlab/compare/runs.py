@@ -14,6 +14,7 @@ from typing import Any
 
 from attnlab.cluster.outcome import AttemptEnd, Outcome
 from attnlab.errors import UserError
+from attnlab.utils.dotted import flatten
 
 log = logging.getLogger("attnlab")
 
@@ -70,17 +71,6 @@ class Run:
             return "finished"
         step = self.last_step
         return f"unfinished (step {step})" if step is not None else "unfinished (nothing logged)"
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys; lists kept as values."""
-    if not isinstance(node, dict):
-        return {prefix: node} if prefix else {}
-    out: dict[str, Any] = {}
-    for k, v in node.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        out |= flatten(v, key) if isinstance(v, dict) and v else {key: v}
-    return out
 
 
 def load_run(path: Path) -> Run:

@@ -8,6 +8,7 @@ from typing import Any
 
 from attnlab.compare.runs import Run, differing_keys, is_number
 from attnlab.errors import UserError
+from attnlab.lineage import flatten
 
 LOWER_IS_BETTER = ("loss", "ppl", "error", "wer", "cer", "time")
 
@@ -181,8 +182,6 @@ LINEAGE_SUMMARY = ("git.commit", "git.dirty", "attnlab", "python", "packages.tor
 
 def lineage_diff(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
     """(key, value in a, value in b) for every lineage key that differs (times left out)."""
-    from attnlab.lineage import flatten
-
     la, lb = flatten(a.lineage), flatten(b.lineage)
     return [(k, _show(la.get(k, "—")), _show(lb.get(k, "—"))) for k in sorted(set(la) | set(lb))
             if la.get(k) != lb.get(k) and k not in ("cwd", "command")] + \
@@ -191,8 +190,6 @@ def lineage_diff(a: Run, b: Run) -> list[tuple[str, Any, Any]]:
 
 def lineage_rows(runs: list[Run]) -> list[tuple[str, list[Any]]]:
     """(key, value per run): the summary keys, then the keys whose values differ between the runs."""
-    from attnlab.lineage import flatten
-
     flat = [dict(flatten(r.lineage), started=(r.lineage or {}).get("started")) for r in runs]
     differing = sorted(k for k in set().union(*flat) if len({str(f.get(k)) for f in flat}) > 1
                        and k not in LINEAGE_SUMMARY and k != "cwd")

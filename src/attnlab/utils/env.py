@@ -1,4 +1,5 @@
-"""Settings read from the environment: those a process needs before, or outside, its config."""
+"""What a process reads of its environment: settings it needs before, or outside, its config, and the versions of
+the packages installed."""
 
 from __future__ import annotations
 
@@ -15,3 +16,16 @@ def seconds(name: str, default: float) -> float:
     except ValueError:
         print(f"attnlab: {name}={value!r} is not a number of seconds; waiting {default:g} s", file=sys.stderr)
         return default
+
+
+def package_versions(names) -> dict[str, str]:
+    """{name: installed version} of those of `names` that are installed."""
+    from importlib import metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

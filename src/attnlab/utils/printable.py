@@ -14,10 +14,3 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 def printable(value: Any) -> str:
     """`value` as text without control characters."""
     return _CONTROL.sub("", str(value))
-
-
-def for_rich(value: Any) -> str:
-    """`value` as text that Rich prints as it is: no control characters, its markup escaped."""
-    from rich.markup import escape
-
-    return escape(printable(value))

@@ -13,22 +13,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from attnlab.errors import UserError
+
 from ._search_space import grid, search_space
 
 log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted"  # user attribute of a trial whose process was stopped: run again, not counted
 
 
-class StudyError(ValueError):
+class StudyError(UserError, ValueError):
     """A study this sweep cannot continue: printed as attnlab's one-paragraph errors are, without a traceback."""
-
-
-def _user_error(message: str) -> Exception:
-    try:
-        from attnlab.errors import UserError
-    except ImportError:  # the plugin without attnlab's package
-        return StudyError(message)
-    return type("StudyError", (StudyError, UserError), {})(message)
 
 
 class OptunaSweeperImpl(Sweeper):
@@ -88,7 +82,7 @@ class OptunaSweeperImpl(Sweeper):
         from filelock import FileLock, Timeout
 
         if not isinstance(self.n_trials, int) or self.n_trials < 1:
-            raise _user_error(f"hydra.sweeper.n_trials={self.n_trials}: a sweep needs at least one trial (it is the "
+            raise StudyError(f"hydra.sweeper.n_trials={self.n_trials}: a sweep needs at least one trial (it is the "
                               "study's total; a continued study runs what is missing). Give it a positive number.")
         params = [f"{k}={v}" for k, v in (self.params or {}).items()]
         space, fixed = search_space(params + list(arguments))
@@ -98,7 +92,7 @@ class OptunaSweeperImpl(Sweeper):
             if lock:
                 lock.acquire(timeout=0)
         except Timeout:
-            raise _user_error(
+            raise StudyError(
                 f"Another sweep is running the Optuna study '{self._study_name()}' ({url}; its lock {lock_path} is "
                 "held). Wait for it to finish, or give this sweep a study of its own: "
                 "hydra.sweeper.study_name=<name>.") from None
@@ -115,10 +109,8 @@ class OptunaSweeperImpl(Sweeper):
         try:
             self._sweep(arguments)
         except StudyError as e:
-            try:
-                from attnlab.cli.app import fail
-            except ImportError:
-                raise e from None
+            from attnlab.errors import fail
+
             fail(e)
 
     def _load(self, url: Optional[str], space: dict) -> optuna.Study:
@@ -139,7 +131,7 @@ class OptunaSweeperImpl(Sweeper):
                 error = e
         else:
             db = url.removeprefix("sqlite:///")
-            raise _user_error(
+            raise StudyError(
                 f"The Optuna study database {db} cannot be read ({type(error).__name__}: "
                 f"{str(error).splitlines()[0][:160]}): "
                 "it is damaged, e.g. cut short by a full disk or a copy killed half-way. Nothing was changed in it. "
@@ -150,7 +142,7 @@ class OptunaSweeperImpl(Sweeper):
             study.sampler = sampler
         found = [d.name.lower() for d in study.directions]
         if found != [d.lower() for d in self.directions]:
-            raise _user_error(
+            raise StudyError(
                 f"The Optuna study '{name}' in {url} was started to {', '.join(found)}, and this sweep asks to "
                 f"{', '.join(self.directions)} (hydra.sweeper.direction). Give the new search its own study: "
                 "hydra.sweeper.study_name=<name>.")
@@ -293,10 +285,8 @@ class OptunaSweeperImpl(Sweeper):
         step = frozen.last_step
         value = frozen.intermediate_values.get(step) if step is not None else None
         log.info(f"Trial {trial.number} pruned at step {step} ({value}): {reason}")
-        try:
-            from attnlab.cli.training import append_row
-        except ImportError:
-            return
+        from attnlab.cli.training import append_row
+
         hc = ret.hydra_cfg.hydra if getattr(ret, "hydra_cfg", None) is not None else None
         row = {"job": trial.number, "overrides": " ".join(o for o in (ret.overrides or []) if "env_set" not in o),
                "metric": str(OmegaConf.select(self.config, "optimized_metric", default="") or ""),

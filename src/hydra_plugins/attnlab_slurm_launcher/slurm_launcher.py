@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -293,23 +294,19 @@ class _Queue:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.followed: dict[str, int] = {}
+        self.followed: Counter[str] = Counter()  # job id -> how many threads follow it
         self.answer: dict[str, tuple[str, str]] | None = None
         self.asked_at = float("-inf")
         self.queries = 0
 
     def follow(self, ids: list[str]) -> None:
         with self.lock:
-            for job_id in ids:
-                self.followed[job_id] = self.followed.get(job_id, 0) + 1
+            self.followed.update(ids)
             self.asked_at = float("-inf")  # new jobs: the next poll asks
 
     def forget(self, ids: list[str]) -> None:
         with self.lock:
-            for job_id in ids:
-                self.followed[job_id] = self.followed.get(job_id, 1) - 1
-                if self.followed[job_id] <= 0:
-                    del self.followed[job_id]
+            self.followed -= Counter(ids)  # a job no thread follows any more is dropped
 
     def states(self, interval: float) -> dict[str, tuple[str, str]] | None:
         """{job id: (state, nodes)} of the followed jobs the controller knows; None when it did not answer. An
