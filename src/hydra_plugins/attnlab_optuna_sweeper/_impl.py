@@ -148,14 +148,13 @@ class OptunaSweeperImpl(Sweeper):
                 "hydra.sweeper.study_name=<name>.")
         # holding the lock, a trial still running was stopped with its process: fail it, run it again
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-            study.tell(trial.number, state=TrialState.FAIL)
             if set(trial.params) != set(space):  # stopped while its parameters were drawn (one write each): it
                 # never trained, and what it holds is no configuration of this search space
+                _interrupted(study, trial, again=False)
                 log.warning(f"Trial {trial.number} of study '{name}' was interrupted before all its parameters were "
                             "drawn: a new trial takes its place.")
                 continue
-            study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+            _interrupted(study, trial)
             log.warning(f"Trial {trial.number} of study '{name}' was interrupted: it runs again.")
         return study
 
@@ -189,9 +188,7 @@ class OptunaSweeperImpl(Sweeper):
                 returns = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
             except BaseException:  # SIGTERM (Lightning's SIGTERMException), Ctrl-C: these trials run again
                 for trial in batch:
-                    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-                    study.tell(trial, state=TrialState.FAIL)
-                    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+                    _interrupted(study, trial)
                 raise
             failures = [self._tell(study, trial, ret) for trial, ret in zip(batch, returns)]
             failed = [ret for ret, fail in zip(returns, failures) if fail]
@@ -231,9 +228,7 @@ class OptunaSweeperImpl(Sweeper):
                         to_go = 0  # launch nothing more; the running trials finish
             except BaseException:  # SIGTERM, Ctrl-C: the running trials run again next time
                 for trial, _ in running.values():
-                    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-                    study.tell(trial, state=TrialState.FAIL)
-                    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+                    _interrupted(study, trial)
                 raise
         if failed and len(failed) / max(told, 1) > self.max_failure_rate:
             failed[0].return_value  # raises the job's own exception, with its traceback
@@ -323,6 +318,14 @@ class OptunaSweeperImpl(Sweeper):
         out = Path(self.config.hydra.sweep.dir)
         out.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create(results), out / "optimization_results.yaml")
+
+
+def _interrupted(study: optuna.Study, trial: Any, again: bool = True) -> None:
+    """A trial whose process was stopped: failed, not counted, and (`again`) queued to run with its parameters."""
+    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+    study.tell(trial.number, state=TrialState.FAIL)
+    if again:
+        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
 
 
 def _gpu_count() -> int:
