@@ -224,3 +224,18 @@ def test_objects_a_config_node_built_are_saved_as_that_node_and_built_again(tmp_
     assert isinstance(hparams["net"], torch.nn.Linear) and hparams["net"].out_features == 3
     optimizer = hparams["optimizer"](params=hparams["net"].parameters())
     assert isinstance(optimizer, torch.optim.SGD) and hparams["scheduler"](optimizer).step_size == 2
+
+
+def test_the_network_of_a_task_is_found_where_nn_module_keeps_it():
+    """A task's `net` is a submodule, which nn.Module keeps in its `_modules` and serves through `__getattr__`:
+    export.py finds it there on every Python (a Protocol's isinstance check reads attributes statically from 3.12)."""
+    from attnlab.protocols.task import network
+
+    class Task(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(2, 3)
+
+    task = Task()
+    assert "net" not in vars(task) and network(task) is task.net
+    assert network(torch.nn.Module()) is None

@@ -15,18 +15,13 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab import settings
 from attnlab.errors import UserError
+from attnlab.settings import PLATFORM_KEYS  # also imported from here by users (docs/your-code.md)
 
 # the configs: conf/ at the repository's top level in a checkout (and an editable install), attnlab/conf inside an
 # installed wheel (pyproject.toml ships conf/ there)
 _PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
 CONF_DIR = _PACKAGED_CONF if _PACKAGED_CONF.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-
-
-# the platform keys (their defaults and types: attnlab.settings), added to a node that leaves one out and taken off
-# before it is instantiated unless its constructor names them
-PLATFORM_KEYS = settings.PLATFORM_KEYS
 
 
 # what moved, by the names that configs and checkpoints written before the move give it: classes by their whole
@@ -174,26 +169,22 @@ def fast_precision(accelerator: str = "auto") -> str:
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("fast_precision"):
-        OmegaConf.register_new_resolver("fast_precision", fast_precision)
-    if not OmegaConf.has_resolver("patch_size_for"):
-        OmegaConf.register_new_resolver("patch_size_for", patch_size_for)
-    if not OmegaConf.has_resolver("claim_dir"):  # a run directory of its own, even for runs started in one second;
-        from attnlab.cluster import launch  # one for all the ranks of a torchrun or srun launch
+    from attnlab import glue_tasks
+    from attnlab.cluster import launch
 
-        OmegaConf.register_new_resolver("claim_dir", launch.claim_run_folder)
-        OmegaConf.register_new_resolver("rank_zero_only", launch.rank_zero_only)  # .hydra/ from rank 0 alone
-        OmegaConf.register_new_resolver("rank_suffix", launch.rank_suffix)  # train_rank1.log, ...
-    if not OmegaConf.has_resolver("glue_monitor"):  # the metric GLUE ranks a task by
-        OmegaConf.register_new_resolver("glue_monitor", _glue_monitor)
-    if not OmegaConf.has_resolver("cwd"):  # unlike ${hydra:runtime.cwd}, also resolvable for a sweep's directory
-        OmegaConf.register_new_resolver("cwd", os.getcwd)
-
-
-def _glue_monitor(task: str) -> str:
-    from attnlab.glue_tasks import monitor_of
-
-    return monitor_of(str(task))
+    resolvers = {
+        "fast_precision": fast_precision,
+        "patch_size_for": patch_size_for,
+        # a run directory of its own, even for runs started in one second; one for all the ranks of a torchrun or srun
+        "claim_dir": launch.claim_run_folder,
+        "rank_zero_only": launch.rank_zero_only,  # .hydra/ from rank 0 alone
+        "rank_suffix": launch.rank_suffix,  # train_rank1.log, ...
+        "glue_monitor": lambda task: glue_tasks.monitor_of(str(task)),  # the metric GLUE ranks a task by
+        "cwd": os.getcwd,  # unlike ${hydra:runtime.cwd}, also resolvable for a sweep's directory
+    }
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 def _group_options(group: str) -> dict[str, dict]:
@@ -237,8 +228,6 @@ def check_compatible(cfg: DictConfig) -> None:
 def check_schedule_keys(cfg: DictConfig) -> None:
     """Refuse scheduler settings the chosen schedule does not take (an experiment's cosine `warmup` left over after
     `scheduler=onecycle`, a typo), before any data is prepared."""
-    import inspect
-
     from hydra.utils import get_method
 
     sched = cfg.get("scheduler")

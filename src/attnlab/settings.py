@@ -52,15 +52,8 @@ class DataKeys:
 PLATFORM_GROUPS: dict[str, type] = {"model": ModelKeys, "optimizer": OptimizerKeys, "data": DataKeys}
 
 
-def _defaults(cls: type) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        out[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return out
-
-
 # group -> {key: default}; a default of None is not written into a node that leaves the key out
-PLATFORM_KEYS: dict[str, dict[str, Any]] = {group: _defaults(cls) for group, cls in PLATFORM_GROUPS.items()}
+PLATFORM_KEYS: dict[str, dict[str, Any]] = {g: dataclasses.asdict(cls()) for g, cls in PLATFORM_GROUPS.items()}
 
 
 def platform_hints(group: str) -> dict[str, Any]:

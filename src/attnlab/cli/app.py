@@ -103,7 +103,9 @@ def end_process(code: int) -> NoReturn:
     $ATTNLAB_EXIT_GRACE_S seconds (60), one line names what, and the process exits with `code`."""
     import threading
 
-    grace = _exit_grace()
+    from attnlab.utils.env import seconds
+
+    grace = seconds(EXIT_GRACE_ENV, DEFAULT_EXIT_GRACE_S)
     watchdog = threading.Thread(target=_exit_after, args=(grace, code), name="attnlab-exit-watchdog", daemon=True)
     watchdog.start()
     atexit.register(_end_without_teardown, code)
@@ -119,12 +121,6 @@ def _end_without_teardown(code: int) -> None:
     run_handlers()
     _flush_streams()
     os._exit(code)
-
-
-def _exit_grace() -> float:
-    from attnlab.utils.env import seconds
-
-    return seconds(EXIT_GRACE_ENV, DEFAULT_EXIT_GRACE_S)
 
 
 def _exit_after(grace: float, code: int) -> None:

@@ -42,7 +42,7 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
     data determines (its `info()`: num_classes, image_size, vocab_size, ...) into the data config, where a model
     config interpolates them (`${data.vocab_size}`)."""
     node = OmegaConf.to_container(data_cfg, resolve=True)
-    cls = _target_class(node.pop("_target_", None), "data")
+    cls = target_class(node.pop("_target_", None), "data")
     kwargs, _ = constructor_kwargs("data", node, cls)
     dm = instantiate({"_target_": f"{cls.__module__}.{cls.__qualname__}", **kwargs}, _convert_="all")
     data_hooks.use_tokenizer(dm, tokenizer)  # the tokenizer of the weights the run starts from
@@ -56,22 +56,10 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
     return dm
 
 
-def init_tokenizer(cfg: DictConfig) -> str | None:
-    """The tokenizer of the weights `model.init_from` names, where the task reads one from them (else None), so that
-    the data is read with the weights' vocabulary."""
-    init_from = (cfg.get("model") or {}).get("init_from")
-    target = (cfg.get("model") or {}).get("_target_")
-    if not init_from or not target:
-        return None
-    return task_hooks.init_tokenizer(_target_class(target, "model"), str(init_from))
-
-
 def init_settings(cfg: DictConfig, task_cls: type) -> dict:
     """The network settings the weights `model.init_from` names fix (the task's `init_settings`: e.g. the sizes in
     an hf:<...> folder's config.json), written into cfg.model too, so the run's config.yaml says what was built."""
     init_from = cfg.model.get("init_from")
-    if not init_from:
-        return {}
     settings = task_hooks.init_settings(task_cls, str(init_from))
     changed = {k: v for k, v in settings.items() if cfg.model.get(k) != v}
     if changed:
@@ -82,12 +70,8 @@ def init_settings(cfg: DictConfig, task_cls: type) -> dict:
     return settings
 
 
-def model_class(target: str) -> type:
-    """The class `model._target_` names."""
-    return _target_class(target, "model")
-
-
-def _target_class(target: str | None, group: str) -> type:
+def target_class(target: str | None, group: str) -> type:
+    """The class a config group's `_target_` names, admitted by the command and imported; a UserError otherwise."""
     if not target:
         raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
                         "mypkg.module.ClassName), or pick one of attnlab's configs.")
@@ -111,7 +95,7 @@ def build_task(cfg: DictConfig, dm, init: dict) -> Any:
     from attnlab.tasks.base import BaseTask
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    task_cls = _target_class(model_cfg.pop("_target_", None), "model")
+    task_cls = target_class(model_cfg.pop("_target_", None), "model")
     model_cfg |= init  # the settings model.init_from fixes: decided by the run's plan (init_settings)
     kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
@@ -256,7 +240,7 @@ def load_task(ckpt_path: str, meta: dict):
     for module in imports or []:
         trust.admit("module", str(module), "extras.imports")
     import_user_modules(imports)
-    task_cls = _target_class(meta["config"]["model"]["_target_"], "model")
+    task_cls = target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
     try:
         model = lightning_load_state(task_cls, ckpt)

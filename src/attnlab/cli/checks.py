@@ -76,9 +76,7 @@ EXTRA_HINTS = {"lightning.pytorch.Trainer": TrainerRanges, "lightning.Trainer": 
 def check_config(cfg: DictConfig) -> None:
     problems: list[str] = []
     for key, hint in _hints(RunSettings).items():
-        problem = _check_value("", key, cfg, hint) if key in cfg else None
-        if problem:
-            problems.append(problem)
+        problems += _check_value("", key, cfg, hint) if key in cfg else []
     for path, node in _target_nodes(cfg):
         problems += _check_node(path, node)
     for path in ("optimizer", "scheduler"):
@@ -178,7 +176,7 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
             continue
         if key in platform - taken:
             hint = platform_hints(group).get(key, inspect.Parameter.empty)
-            problems += [p for p in [_check_value(path, key, node, hint)] if p]
+            problems += _check_value(path, key, node, hint)
             continue
         if key not in params:
             if not open_ended:
@@ -188,30 +186,29 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
                 problems.append(f"{path}.{key} is not a setting of {target}{takes}.{hint} Remove it "
                                 f"(~{path}.{key} on the command line) or fix its name.")
             continue
-        problem = _check_value(path, key, node, hints.get(key, inspect.Parameter.empty))
-        if problem:
-            problems.append(problem)
+        problems += _check_value(path, key, node, hints.get(key, inspect.Parameter.empty))
     return problems
 
 
-def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
+def _check_value(path: str, key: str, node: DictConfig, hint) -> list[str]:
+    """The problem with the value of `key` in `node` against its type hint: [] or [the message]."""
     if hint is inspect.Parameter.empty or hint is Any:
-        return None
+        return []
     raw = node._get_node(key)
     try:
         value = OmegaConf.to_container(node, resolve=True)[key] if isinstance(raw, (DictConfig, ListConfig)) \
             else node[key]
     except Exception:
-        return None  # an interpolation resolved later (e.g. from Hydra's runtime)
+        return []  # an interpolation resolved later (e.g. from Hydra's runtime)
     if value is None and OmegaConf.is_interpolation(node, key) and "data." in str(raw._value()):
-        return None  # found by the data (num_classes of a folder) once it is read
+        return []  # found by the data (num_classes of a folder) once it is read
     if value is None and path == "optimizer" and key == "lr" and node.get("blr") is not None:
-        return None  # blr x effective batch / 256, once the batch is known
+        return []  # blr x effective batch / 256, once the batch is known
     if isinstance(value, dict) and "_target_" in value:
-        return None  # built by its own node
+        return []  # built by its own node
     adapter = _adapter(hint)
     if adapter is None:
-        return None
+        return []
     from pydantic import ValidationError
 
     try:
@@ -221,8 +218,8 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
         if err["type"] == "extra_forbidden":  # a key a settings dict does not take
             known = sorted(_locate_fields(hint))
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=2, cutoff=0.6)
-            return (f"{_name(path, key, node)}.{err['loc'][-1]} is not one of its settings ({', '.join(known)})."
-                    + (f" Did you mean {' or '.join(close)}?" if close else "") + " Remove it or fix its name.")
+            return [f"{_name(path, key, node)}.{err['loc'][-1]} is not one of its settings ({', '.join(known)})."
+                    + (f" Did you mean {' or '.join(close)}?" if close else "") + " Remove it or fix its name."]
         where, item_hint = _locate(hint, err.get("loc", ()))
         if item_hint is not hint:  # a field of a settings dict: its value and its type
             value, hint = err.get("input", value), item_hint
@@ -233,14 +230,14 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> str | None:
             source = str(node._get_node(key)._value()).strip("${}")
             fix = (f"Add {source}={accepted[0]} to the command line ({path}.{key} reads it), or choose a "
                    f"{path} config made for {source}={value}.")
-        return (f"{_name(path, key, node)}{where}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected "
-                f"{_type_name(hint)}). {fix}")
+        return [f"{_name(path, key, node)}{where}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected "
+                f"{_type_name(hint)}). {fix}"]
     for other in (m.key for m in _metadata(hint) if isinstance(m, MultipleOf)):
         divisor = node.get(other)
         if isinstance(value, int) and isinstance(divisor, int) and divisor > 0 and value % divisor:
-            return (f"{_name(path, key, node)}={value} is refused: it must be a multiple of "
-                    f"{_name(path, other, node)}={divisor}. Change one of them.")
-    return None
+            return [f"{_name(path, key, node)}={value} is refused: it must be a multiple of "
+                    f"{_name(path, other, node)}={divisor}. Change one of them."]
+    return []
 
 
 def _metadata(hint) -> list:

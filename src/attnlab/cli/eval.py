@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-import hydra
 from omegaconf import DictConfig
 
-from attnlab.cli.app import run_process
-from attnlab.config import CONF_DIR, register_resolvers
+from attnlab.cli.command_line import entry_point
+from attnlab.config import register_resolvers
 
 register_resolvers()
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
-def _main(cfg: DictConfig) -> dict | None:
-    from attnlab.cli.app import run_app
-
-    return run_app(evaluate, cfg)
-
-
-def main() -> dict | None:
-    import sys
-
-    from attnlab.cli.command_line import before_hydra
-
-    sys.argv[1:] = before_hydra(sys.argv[1:], "eval").argv  # the one step before Hydra
-    return _main()
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -92,7 +73,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 
 # the `eval.py` script and the `attnlab-eval` command: main(), then the process ends without teardown
-run = partial(run_process, main)
+main, run = entry_point("eval", evaluate)
 
 
 if __name__ == "__main__":

@@ -8,34 +8,16 @@ rebuilds it, `safetensors.torch.load_model` fills it), and the tokenizer(s) the 
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from attnlab.cli.app import run_process
-from attnlab.config import CONF_DIR, register_resolvers
+from attnlab.cli.command_line import entry_point
+from attnlab.config import register_resolvers
 
 register_resolvers()
 
 FORMATS = ("safetensors", "hf")
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
-def _main(cfg: DictConfig):
-    from attnlab.cli.app import run_app
-
-    return run_app(export, cfg)
-
-
-def main():
-    import sys
-
-    from attnlab.cli.command_line import before_hydra
-
-    sys.argv[1:] = before_hydra(sys.argv[1:], "export").argv  # the one step before Hydra
-    return _main()
 
 
 def export(cfg: DictConfig) -> Path:
@@ -99,7 +81,7 @@ def _jsonable(value):
 
 
 # the `export.py` script and the `attnlab-export` command: main(), then the process ends without teardown
-run = partial(run_process, main)
+main, run = entry_point("export", export)
 
 
 if __name__ == "__main__":

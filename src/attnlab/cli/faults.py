@@ -72,7 +72,11 @@ def _os_error(e: OSError, cfg: DictConfig | None) -> UserError:
 
 
 def _shared_memory(cfg: DictConfig | None) -> UserError:
-    free = _free(Path("/dev/shm"))
+    shm = _existing(Path("/dev/shm"))
+    try:
+        free = _size(shutil.disk_usage(shm).free)
+    except (OSError, TypeError):
+        free = ""
     msg = ("the data loader's worker processes ran out of shared memory (/dev/shm"
            + (f", {free} free" if free else "") + ") to hand batches to the training process. Set "
            "data.num_workers=0 (batches made in the training process), use fewer workers or a smaller "
@@ -117,16 +121,6 @@ def _setting_for(file: Path | None, cfg: DictConfig | None) -> str:
         if file is not None and root and is_under(file, Path(str(root))):
             return f"paths.{key} (or {env})"
     return "paths.log_dir and paths.cache_dir (or ATTNLAB_LOG_DIR and ATTNLAB_CACHE_DIR)"
-
-
-
-def _free(folder: Path | None) -> str:
-    folder = _existing(folder)
-    try:
-        free = shutil.disk_usage(folder).free
-    except (OSError, TypeError):
-        return ""
-    return _size(free)
 
 
 def _disk(folder: Path | None) -> str:

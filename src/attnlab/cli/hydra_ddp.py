@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict, read_write
 
 
 def pin_subprocess_ranks_to_job() -> None:
@@ -20,8 +20,5 @@ def pin_subprocess_ranks_to_job() -> None:
         return
     # hydra.mode=RUN: a config that sets MULTIRUN itself (hparams_search=...) would make each rank a sweep of its own
     sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]
-    readonly = OmegaConf.is_readonly(hc)
-    OmegaConf.set_readonly(hc, False)
-    with open_dict(hc):
+    with read_write(hc), open_dict(hc):
         hc.run.dir = hc.runtime.output_dir
-    OmegaConf.set_readonly(hc, readonly)

@@ -16,14 +16,6 @@ from attnlab.errors import UserError
 OTHER_MODES = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path")
 
 
-def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(Hydra's flags, the overrides and any flag Hydra does not know), read by Hydra's own parser."""
-    from attnlab.compat import hydra_args_parser
-
-    args, rest = hydra_args_parser().parse_known_args(argv)
-    return args, [*args.overrides, *rest]
-
-
 @dataclass(frozen=True)
 class Composed:
     """The command line as Hydra reads it, and the config of each of its variants (`_variants`; None for one that
@@ -49,7 +41,10 @@ def check_composes(argv: list[str], conf_dir: Path, config_name: str) -> Compose
     """Compose `argv` as Hydra will (each value of a sweep's group choices once); raise a UserError for an option
     that is not there, a key that is not in the config, or a config file that is not valid YAML. None where the
     command line asks Hydra for something other than a run (--help, --info, ...)."""
-    args, overrides = parse_command_line(argv)
+    from attnlab.compat import hydra_args_parser
+
+    args, rest = hydra_args_parser().parse_known_args(argv)  # Hydra's own parser; rest: the flags it does not know
+    overrides = [*args.overrides, *rest]
     if any(getattr(args, m, None) for m in OTHER_MODES) or any(o.startswith("-") for o in overrides):
         return None
     config_dir = Path(args.config_dir).expanduser().absolute() if args.config_dir else None

@@ -25,11 +25,6 @@ class LoaderPace:
         """How many times slower the loader is than the model (< 1: it keeps up)."""
         return self.model_s / self.loader_s
 
-    def workers_needed(self) -> int | None:
-        """The loader workers that would keep up, when the loader's rate grows with its workers (at least one)."""
-        per_worker = self.loader_s / max(1, self.workers)
-        return math.ceil(self.model_s / per_worker) if per_worker > 0 else None
-
     def line(self) -> str:
         """Preflight's loader line: the two rates, and what to do when the loader sets the pace."""
         rates = (f"{self.loader_s:,.1f} images/s from the training loader alone ({self.workers} worker"
@@ -38,7 +33,9 @@ class LoaderPace:
         if self.slower <= 1:
             return f"{rates}: the model sets the pace (the loader has {1 / self.slower:.1f}x its rate)"
         todo = []
-        needed = self.workers_needed()
+        # the loader workers that would keep up, when the loader's rate grows with its workers (at least one)
+        per_worker = self.loader_s / max(1, self.workers)
+        needed = math.ceil(self.model_s / per_worker) if per_worker > 0 else None
         if needed and needed > self.workers:
             more = f"more workers: about {needed} would keep up (data.num_workers={needed}"
             todo.append(more + (f"; this machine has {self.cpus} CPUs, the training process takes one)"

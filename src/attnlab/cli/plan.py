@@ -79,16 +79,18 @@ def make_plan(cfg: DictConfig) -> RunPlan:
     from attnlab.strategies import is_fsdp, writes_own_checkpoints
 
     run = RunSettings.of(cfg)
-    # predict.py has no trainer: its `device` (auto, cpu, cuda[:n]) names the accelerator
-    t = OmegaConf.to_container(cfg.trainer, resolve=True) if "trainer" in cfg else \
-        {"accelerator": "gpu" if str(cfg.get("device", "auto")).startswith("cuda") else cfg.get("device", "auto")}
+    t = OmegaConf.to_container(cfg.trainer, resolve=True)
     accelerator, devices = str(t.get("accelerator") or "auto"), t.get("devices", 1)
     on_gpu = uses_gpu(accelerator)
     on = "gpu" if on_gpu else "cpu" if accelerator in ("auto", "cpu") else accelerator
     decided: dict[str, dict[str, Any]] = {}
 
     def decide(key: str, value: Any, why: str) -> Any:
+        """Record a decision and write it into cfg.trainer, the config in memory (.hydra/config.yaml keeps what was
+        asked)."""
         decided[f"trainer.{key}"] = {"asked": t.get(key), "decided": value, "why": why, "on": on}
+        with open_dict(cfg.trainer):
+            cfg.trainer[key] = value
         return value
 
     precision = str(t.get("precision") or "32-true")
@@ -98,7 +100,7 @@ def make_plan(cfg: DictConfig) -> RunPlan:
                  "trainer.precision=%s keeps it)", t.get("precision"), t.get("precision"))
     check_devices(accelerator, devices, precision)  # the one device check
     count, nodes = device_count(accelerator, devices), int(t.get("num_nodes") or 1)
-    if devices in ("auto", -1, "-1") and "trainer" in cfg:
+    if devices in ("auto", -1, "-1"):
         decide("devices", count, "every GPU of this machine" if on_gpu else "one process")
     accumulate = int(t.get("accumulate_grad_batches") or 1)
     if run.global_batch_size:
@@ -129,7 +131,6 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         averages_weights=averaged, force=bool((cfg.get("extras") or {}).get("force")), decided=decided,
         optimizer=split_optimizer(optimizer)[0] if optimizer and optimizer.get("_target_") else None,
         checkpoints=Path(str(own_dir)) if own_dir else output_dir / "checkpoints")
-    _apply(cfg, decided)
     return plan
 
 
@@ -141,19 +142,20 @@ def plan_training(cfg: DictConfig) -> RunPlan:
 
     from attnlab.cli import builders, rerun
     from attnlab.checkpoints.resume import resume_point
+    from attnlab.protocols import task as task_hooks
 
     from attnlab.checkpoints.reading import check_init_from
 
     plan = make_plan(cfg)
     rerun.warn_decisions(cfg, plan.decided)  # a --rerun: where this machine decided otherwise than the run's
-    run = plan.run
-    check_init_from(cfg.model.get("init_from"))  # a file that cannot be loaded safely: refused before anything is built
+    run, init_from = plan.run, cfg.model.get("init_from")
+    check_init_from(init_from)  # a file that cannot be loaded safely: refused before anything is built
     resume = resume_point(run.ckpt_path, plan.log_dir, run.task_name, plan.checkpoints, run.train, run.resume,
                           plan.model_target)
-    settings = builders.init_settings(cfg, builders.model_class(plan.model_target)) if cfg.model.get("init_from") \
-        else {}
-    return dataclasses.replace(plan, resume=resume, init_tokenizer=builders.init_tokenizer(cfg),
-                               init_settings=settings)
+    task_cls = builders.target_class(plan.model_target, "model") if init_from else None
+    settings = builders.init_settings(cfg, task_cls) if init_from else {}
+    tokenizer = task_hooks.init_tokenizer(task_cls, str(init_from)) if init_from else None
+    return dataclasses.replace(plan, resume=resume, init_tokenizer=tokenizer, init_settings=settings)
 
 
 def _given(key: str) -> bool:
@@ -167,16 +169,7 @@ def _given(key: str) -> bool:
 
         if not HydraConfig.initialized():
             return True
-        given = [*HydraConfig.get().overrides.task, *rerun.asked()]
+        given = [*HydraConfig.get().overrides.task, *rerun._asked]
         return any(str(o).lstrip("+~").partition("=")[0] == key for o in given)
     except Exception:
         return True
-
-
-def _apply(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
-    """Write the decisions into cfg.trainer, the config in memory (`.hydra/config.yaml` keeps what was asked)."""
-    if not decided or "trainer" not in cfg:
-        return
-    with open_dict(cfg.trainer):
-        for key, entry in decided.items():
-            cfg.trainer[key.removeprefix("trainer.")] = entry["decided"]

@@ -28,34 +28,6 @@ def add_best_of_monitor(plan, metrics: dict[str, float], trainer) -> None:
         metrics[key] = float(ckpt.best_model_score)
 
 
-def add_last_and_reported(plan, metrics: dict, dm) -> None:
-    """Add `<monitor>_last` to a training run's metrics: the last validation's score, beside `<monitor>_best`, the
-    best one's, which also chose the checkpoint and so is optimistic. Add `reported_split: "val"` where the data's
-    validation split is the benchmark's official evaluation set (its `benchmark_split`: ImageNet-1k, ADE20K)."""
-    from attnlab.protocols import data as data_hooks
-
-    key = plan.model.monitor
-    if key and key in metrics and plan.run.train:
-        metrics[f"{key}_last"] = float(metrics[key])
-    if data_hooks.benchmark_split(dm):
-        metrics["reported_split"] = "val"
-
-
-def protocol_line(plan, metrics: dict, dm) -> str | None:
-    """The summary's line saying which split is the reported one, where the data's validation split is the
-    benchmark's official evaluation set."""
-    from attnlab.protocols import data as data_hooks
-
-    benchmark = data_hooks.benchmark_split(dm) if metrics.get("reported_split") == "val" else ""
-    if not benchmark:
-        return None
-    key = plan.model.monitor
-    return (f"  the validation split is the reported set: {benchmark}, the benchmark's official evaluation split, "
-            f"as published results use it (trained on the whole training split); {key}_last is the last epoch's "
-            f"score, {key}_best the best epoch's (chosen on this split, so optimistic)"
-            + ("; test/* re-measure the best checkpoint on it" if metrics.get("test_is_validation") else ""))
-
-
 def finished_already(plan, out_dir: Path, step: int) -> float | None:
     """For a run started again in the directory of a finished run: say that its results stand, and return the
     `optimized_value` of its metrics.json."""
@@ -83,8 +55,15 @@ def report(plan, metrics: dict[str, float], trainer, out_dir: Path, estimate=Non
     import json
 
     from attnlab.memory import GiB
+    from attnlab.protocols import data as data_hooks
 
-    add_last_and_reported(plan, metrics, trainer.datamodule)
+    # <monitor>_last: the last validation's score, beside <monitor>_best (which chose the checkpoint, so optimistic);
+    # reported_split: "val" where the validation split is the benchmark's official evaluation set (ImageNet-1k, ADE20K)
+    key, benchmark = plan.model.monitor, data_hooks.benchmark_split(trainer.datamodule)
+    if key and key in metrics and plan.run.train:
+        metrics[f"{key}_last"] = float(metrics[key])
+    if benchmark:
+        metrics["reported_split"] = "val"
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     lines = [f"  {k:<24} {v:.4f}" for k, v in sorted(metrics.items())
              if k.startswith(("test/", "val/")) and not k.endswith("_step")]
@@ -92,9 +71,11 @@ def report(plan, metrics: dict[str, float], trainer, out_dir: Path, estimate=Non
     device, peak = peak_memory(trainer.strategy.root_device)
     lines.append(f"  peak memory ({device})      {peak / GiB:.2f} GiB"
                  + (f" (estimated at start: {estimate.total / GiB:.2f} GiB)" if estimate is not None else ""))
-    protocol = protocol_line(plan, metrics, trainer.datamodule)
-    if protocol:
-        lines.append(protocol)
+    if benchmark:
+        lines.append(f"  the validation split is the reported set: {benchmark}, the benchmark's official evaluation "
+                     f"split, as published results use it (trained on the whole training split); {key}_last is the "
+                     f"last epoch's score, {key}_best the best epoch's (chosen on this split, so optimistic)"
+                     + ("; test/* re-measure the best checkpoint on it" if metrics.get("test_is_validation") else ""))
     elif metrics.get("test_is_validation"):
         lines.append("  test/* are measured on the validation split (this data has no held-out test split; the best "
                      "checkpoint was chosen on it): not a held-out test score")

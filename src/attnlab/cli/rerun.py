@@ -139,50 +139,41 @@ def yaml_value(text: str) -> Any:
     return OmegaConf.create({"v": text}).v if text == "" else OmegaConf.create(f"v: {text}").v
 
 
-def lineage_differences(run_dir: Path) -> list[tuple[str, Any, Any]]:
-    """(key, the run's value, this machine's value) for each lineage key that differs and can change results."""
+def warn_lineage(run_dir: Path) -> None:
+    """One warning line for each lineage key that differs from the run's and can change results."""
     import torch  # noqa: F401  (lineage records torch's threads once torch is loaded, as in the run)
 
     from attnlab import lineage
 
     before = lineage.read(run_dir)
     if before is None:
-        return []
+        return
     now, diff = lineage.collect()
     old, new = lineage.flatten(before), lineage.flatten(now)
-    rows = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-            if k.startswith(_COMPARED) and old.get(k) != new.get(k)]
+    for key in sorted(set(old) | set(new)):
+        if key.startswith(_COMPARED) and old.get(key) != new.get(key):  # the folder's text, shown printable
+            log.warning(printable(f"rerun: {key} differs from the run's: {old.get(key)} -> {new.get(key)}"))
     if before.get("git") and now.get("git") and before["git"].get("dirty") and now["git"].get("dirty"):
         try:  # both dirty: the changes themselves compared
             if (run_dir / lineage.DIFF).read_text() != diff:
-                rows.append(("git.diff", "lineage.diff", "other uncommitted changes"))
+                log.warning("rerun: git.diff differs from the run's: lineage.diff -> other uncommitted changes")
         except OSError:
             pass
-    return rows
 
 
-def warn_lineage(run_dir: Path) -> None:
-    for key, was, now in lineage_differences(run_dir):
-        log.warning(printable(f"rerun: {key} differs from the run's: {was} -> {now}"))  # the folder's text, shown
-
-
-def asked() -> list[str]:
-    """In a rerun, the overrides the run was given and the keys changed on purpose (else none): they count as given
-    on the command line."""
-    return list(_asked)
-
-
-def decision_differences(run_dir: Path, cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> list[str]:
-    """A line for each key that the plan decided, for the run or for this rerun, whose value differs."""
+def warn_decisions(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
+    """In a rerun, one warning line for each key that the plan decided, for the run or for this rerun, whose value
+    differs."""
+    if _run_dir is None:
+        return
     from attnlab import lineage
 
-    record = lineage.read(run_dir) or {}
+    record = lineage.read(_run_dir) or {}
     before = record.get("decided")  # None: a run written before decisions were kept apart
     try:
-        used = OmegaConf.load(run_dir / "config.yaml")
+        used = OmegaConf.load(_run_dir / "config.yaml")
     except Exception:  # no config.yaml: a run that ended before it was written
         used = OmegaConf.create()
-    lines = []
     for key in sorted(set(before or {}) | set(decided)):
         old = (before or {}).get(key)
         was = old["decided"] if old else OmegaConf.select(used, key, default=None)
@@ -191,15 +182,7 @@ def decision_differences(run_dir: Path, cfg: DictConfig, decided: dict[str, dict
             continue
         how = f"decided on {old['on']}" if old else "as asked" if before is not None else "as recorded"
         this = f"decided on {decided[key]['on']}" if key in decided else "as asked"
-        lines.append(f"rerun: {key}: the original run used {was} ({how}), this one {now} ({this})")
-    return lines
-
-
-def warn_decisions(cfg: DictConfig, decided: dict[str, dict[str, Any]]) -> None:
-    """In a rerun, one warning line for each key the plan decided otherwise than for the run."""
-    if _run_dir is not None:
-        for line in decision_differences(_run_dir, cfg, decided):
-            log.warning(printable(line))
+        log.warning(printable(f"rerun: {key}: the original run used {was} ({how}), this one {now} ({this})"))
 
 
 def record_sweep_command(argv: list[str]) -> None:

@@ -10,7 +10,7 @@ Class-level hooks, called on the task class before a task exists:
   the network `model.net` names, which the class's `**kwargs` carry to it. Called by the config checks
   (`cli/checks.py`), which then check `model.n_layer` like a constructor argument.
 - `init_tokenizer(init_from: str) -> str | None` (`ReadsInitTokenizer`): the tokenizer (JSON) of the weights
-  `model.init_from` names. Called by `cli/builders.init_tokenizer`; the data module then reads its text with it
+  `model.init_from` names. Called by `cli/plan.plan_training`; the data module then reads its text with it
   (`use_tokenizer`, attnlab.protocols.data).
 - `init_settings(init_from: str) -> dict` (`ReadsInitSettings`): the network settings those weights fix (an `hf:`
   folder's sizes). Called by `cli/builders.init_settings`, which writes them into `model.*` before the task is built.
@@ -32,7 +32,7 @@ Instance hooks:
   shape. Without it: `flops_per_sample() x batch_size_of(batch)`.
 - `decode_cfg: dict` (`Decodes`): decoding settings that eval.py's and predict.py's `decode.*` update. Without it:
   `decode.*` is refused.
-- `net: nn.Module` (`HasNetwork`): the network export.py writes. Without it: export.py refuses the checkpoint.
+- `net: nn.Module`: the network export.py writes. Without it: export.py refuses the checkpoint.
 - `tokenizer_json: str | tuple[str | None, ...] | None` (`CarriesTokenizer`): the tokenizer(s) export.py writes
   beside the weights, and eval.py reads the data with.
 """
@@ -104,11 +104,6 @@ class Decodes(Protocol):
 
 
 @runtime_checkable
-class HasNetwork(Protocol):
-    net: nn.Module
-
-
-@runtime_checkable
 class CarriesTokenizer(Protocol):
     tokenizer_json: str | tuple[str | None, ...] | None
 
@@ -168,7 +163,10 @@ def decode_settings(task: Any) -> dict | None:
 
 
 def network(task: Any) -> nn.Module | None:
-    return task.net if isinstance(task, HasNetwork) and isinstance(task.net, nn.Module) else None
+    # looked up as nn.Module serves a submodule, through __getattr__: a Protocol's isinstance does not see it there
+    # from Python 3.12 on (it reads attributes with inspect.getattr_static)
+    net = getattr(task, "net", None)
+    return net if isinstance(net, nn.Module) else None
 
 
 def tokenizers(task: Any) -> dict[str, str]:

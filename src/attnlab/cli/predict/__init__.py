@@ -6,15 +6,12 @@ class's `predictor` attribute (a user's own LightningModule)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from functools import partial
 
-import hydra
 from omegaconf import DictConfig
 
-from attnlab.cli.app import run_process
-from attnlab.config import CONF_DIR, register_resolvers
+from attnlab.cli.command_line import entry_point
+from attnlab.config import register_resolvers
 
 register_resolvers()
 
@@ -34,21 +31,6 @@ def quote_free_text(argv: list[str]) -> list[str]:
             arg = f"{key}={value}"
         out.append(arg)
     return out
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="predict")
-def _main(cfg: DictConfig):
-    from attnlab.cli.app import run_app
-
-    return run_app(predict, cfg)
-
-
-def main():
-    from attnlab.cli.command_line import before_hydra
-
-    sys.argv = quote_free_text(sys.argv)  # text="..." as the user typed it, whatever it holds
-    sys.argv[1:] = before_hydra(sys.argv[1:], "predict").argv  # the one step before Hydra
-    return _main()
 
 
 def text_lines(cfg: DictConfig, model_kind: str, per_line: str = "sentence") -> list[str]:
@@ -96,14 +78,13 @@ def predict(cfg: DictConfig):
     from attnlab.errors import UserError
 
     from attnlab.cli.app import begin
-
-    from attnlab.cli.plan import make_plan
+    from attnlab.devices import uses_gpu
 
     begin(cfg)
     ckpt = builders.required_checkpoint(cfg, "predict.py")
     device = str(cfg.get("device", "auto"))
     if device == "auto":
-        device = "cuda" if make_plan(cfg).trainer.on_gpu else "cpu"
+        device = "cuda" if uses_gpu("auto") else "cpu"
     elif device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={device}, but this machine has no CUDA GPU visible to PyTorch: use device=cpu "
                         "(or device=auto, which takes a GPU when there is one).")
@@ -113,8 +94,9 @@ def predict(cfg: DictConfig):
     return predictor_for(type(model))(model, cfg, OmegaConf.create(meta["config"]))
 
 
-# the `predict.py` script and the `attnlab-predict` command: main(), then the process ends without teardown
-run = partial(run_process, main)
+# the `predict.py` script and the `attnlab-predict` command: main(), then the process ends without teardown; text="..."
+# quoted as the user typed it, whatever it holds
+main, run = entry_point("predict", predict, prepare=quote_free_text)
 
 
 if __name__ == "__main__":

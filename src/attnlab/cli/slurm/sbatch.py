@@ -96,22 +96,17 @@ def refusal(stderr: str, flags: str, settings: dict[str, Any]) -> UserError:
     low = said.lower()
     key, hint = next(((k, h) for pattern, k, h in _REFUSALS if pattern in low), (None, None))
     where = f"partition {settings.get('launcher.partition')}" if settings.get("launcher.partition") else "SLURM"
-    if key is None:
-        return UserError(f"sbatch refuses the job this run would submit to {where}: \"{said}\" (sbatch {flags}). "
-                         "Change the launcher.* settings (or trainer.num_nodes) that the message names, and run the "
-                         "command again.")
     value = settings.get(key)
-    return UserError(f"sbatch refuses the job this run would submit to {where}: \"{said}\" (sbatch {flags}). The "
-                     f"setting: {key}{'=' + str(value) if value is not None else ''}; {hint}.")
+    fix = (f"The setting: {key}{'=' + str(value) if value is not None else ''}; {hint}." if key else
+           "Change the launcher.* settings (or trainer.num_nodes) that the message names, and run the command again.")
+    return UserError(f"sbatch refuses the job this run would submit to {where}: \"{said}\" (sbatch {flags}). {fix}")
 
 
 def explain_submission(err: BaseException, settings: dict[str, Any] | None = None) -> UserError | None:
     """submitit's error when sbatch refused a submission (FailedJobError carrying sbatch's stderr), or when sbatch
     is missing, as one paragraph; None for other errors."""
-    try:
-        from submitit.core.utils import FailedJobError, FailedSubmissionError
-    except ImportError:  # pragma: no cover - submitit is a dependency of the launcher
-        return None
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
     if isinstance(err, FileNotFoundError) and "sbatch" in str(err):
         from attnlab.cluster.nodes import require_slurm
 
