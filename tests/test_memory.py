@@ -60,7 +60,7 @@ def test_the_estimate_leaves_the_run_as_it_was(overrides, small_data, tmp_path):
     prepare(cfg)  # a cache of its own: the step is traced, not read from an earlier test's estimate
     torch.manual_seed(0)
     dm = builders.build_datamodule(cfg.data)
-    task = builders.build_task(cfg, dm, {})
+    task = builders.build_task(cfg, dm)
     state = {k: v.clone() for k, v in task.state_dict().items()}
     rng = torch.get_rng_state()
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -78,7 +78,7 @@ def test_activations_follow_the_batch_and_the_attention_kernel(small_data, tmp_p
         cfg = compose_cfg([*GPT_SMALL, *extra, *FAST], tmp_path, data_dir=small_data)
         prepare(cfg)
         dm = builders.build_datamodule(cfg.data)
-        task = builders.build_task(cfg, dm, {})
+        task = builders.build_task(cfg, dm)
         return memory.activation_bytes(task, memory.sample_batch(dm))
 
     base = act("data.block_size=64", "model.dropout=0.0")
@@ -97,7 +97,7 @@ def test_a_traced_step_is_kept_and_read_back_only_for_the_same_network_and_batch
         cfg = compose_cfg([*GPT_SMALL, *extra, *FAST], tmp_path, data_dir=small_data)
         prepare(cfg)
         dm = builders.build_datamodule(cfg.data)
-        return memory.estimate(builders.build_task(cfg, dm, {}), dm, {}, cache_dir=str(tmp_path / "cache"))
+        return memory.estimate(builders.build_task(cfg, dm), dm, {}, cache_dir=str(tmp_path / "cache"))
 
     first = estimate().terms["activations"]
     assert estimate().terms["activations"] == first and len(traced) == 1  # read back

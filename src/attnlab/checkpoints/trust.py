@@ -189,23 +189,13 @@ def _qualname(obj: Any) -> str:
 
 
 def _resolve(name: str) -> Any:
-    """The object a dotted name of an already trusted module names (its longest importable module, then
-    attributes), or None."""
-    import importlib
+    """The object a dotted name names (Hydra's lookup: its modules imported as needed), or None."""
+    from hydra.utils import get_object
 
-    parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            found = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        try:
-            for part in parts[i:]:
-                found = getattr(found, part)
-        except AttributeError:
-            return None
-        return found
-    return None
+    try:
+        return get_object(name)
+    except Exception:
+        return None
 
 
 def readable_env() -> frozenset[str]:
@@ -244,6 +234,27 @@ def admit(kind: str, name: str, key: str | None = None) -> None:
     does not admit it (`decide`); a builder called outside any entry point builds what its caller gives."""
     if _command.active and not decide(kind, name, key):
         raise refusal(key or "a config", kind, name, "the config being built")
+
+
+def target_class(target: str | None, group: str) -> type:
+    """The class a config group's `_target_` names (its current name), admitted by the command and imported; a
+    UserError otherwise."""
+    if not target:
+        raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
+                        "mypkg.module.ClassName), or pick one of attnlab's configs.")
+    from hydra.utils import get_class
+
+    from attnlab.config import current_target
+
+    admit("callable", target, f"{group}._target_")
+    try:
+        return get_class(current_target(target))
+    except Exception as e:
+        raise UserError(
+            f"{group}._target_={target} cannot be imported ({e.__cause__ or e}). Check the dotted path; the package "
+            "that holds it must be importable: installed, on PYTHONPATH, in the working directory, or listed in "
+            "extras.imports."
+        ) from e
 
 
 def admit_node(node: Any, where: str) -> None:

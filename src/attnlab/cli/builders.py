@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_class
 from hydra.utils import instantiate as _hydra_instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.config import constructor_kwargs, current_target, import_user_modules, named_parameters
+from attnlab.checkpoints import trust
+from attnlab.config import constructor_kwargs, import_user_modules, named_parameters
 from attnlab.errors import UserError
 from attnlab.protocols import data as data_hooks
 from attnlab.protocols import task as task_hooks
@@ -42,7 +42,7 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
     data determines (its `info()`: num_classes, image_size, vocab_size, ...) into the data config, where a model
     config interpolates them (`${data.vocab_size}`)."""
     node = OmegaConf.to_container(data_cfg, resolve=True)
-    cls = target_class(node.pop("_target_", None), "data")
+    cls = trust.target_class(node.pop("_target_", None), "data")
     kwargs, _ = constructor_kwargs("data", node, cls)
     dm = instantiate({"_target_": f"{cls.__module__}.{cls.__qualname__}", **kwargs}, _convert_="all")
     data_hooks.use_tokenizer(dm, tokenizer)  # the tokenizer of the weights the run starts from
@@ -56,47 +56,14 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
     return dm
 
 
-def init_settings(cfg: DictConfig, task_cls: type) -> dict:
-    """The network settings the weights `model.init_from` names fix (the task's `init_settings`: e.g. the sizes in
-    an hf:<...> folder's config.json), written into cfg.model too, so the run's config.yaml says what was built."""
-    init_from = cfg.model.get("init_from")
-    settings = task_hooks.init_settings(task_cls, str(init_from))
-    changed = {k: v for k, v in settings.items() if cfg.model.get(k) != v}
-    if changed:
-        log.info("model.init_from=%s sets %s", init_from, ", ".join(f"model.{k}={v}" for k, v in changed.items()))
-        with open_dict(cfg.model):
-            for k, v in changed.items():
-                cfg.model[k] = v
-    return settings
-
-
-def target_class(target: str | None, group: str) -> type:
-    """The class a config group's `_target_` names, admitted by the command and imported; a UserError otherwise."""
-    if not target:
-        raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
-                        "mypkg.module.ClassName), or pick one of attnlab's configs.")
-    from attnlab.checkpoints import trust
-
-    trust.admit("callable", target, f"{group}._target_")
-    try:
-        return get_class(current_target(target))
-    except Exception as e:
-        raise UserError(
-            f"{group}._target_={target} cannot be imported ({e.__cause__ or e}). Check the dotted path; the package "
-            "that holds it must be importable: installed, on PYTHONPATH, in the working directory, or listed in "
-            "extras.imports."
-        ) from e
-
-
-def build_task(cfg: DictConfig, dm, init: dict) -> Any:
+def build_task(cfg: DictConfig, dm) -> Any:
     """The task of cfg.model, given what the data `dm` provides. attnlab's tasks get plain configs for their network,
     optimizer and schedule and build them themselves, so a checkpoint alone rebuilds them. Any other LightningModule
     gets its own arguments, and `optimizer` / `scheduler` as Hydra partials when its constructor takes them."""
     from attnlab.tasks.base import BaseTask
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    task_cls = target_class(model_cfg.pop("_target_", None), "model")
-    model_cfg |= init  # the settings model.init_from fixes: decided by the run's plan (init_settings)
+    task_cls = trust.target_class(model_cfg.pop("_target_", None), "model")
     kwargs, _ = constructor_kwargs("model", model_cfg, task_cls)
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
@@ -234,13 +201,11 @@ def load_task(ckpt_path: str, meta: dict):
 
     # what Lightning's load_from_checkpoint does, from the dict the one reader gave (a sharded folder's too)
     ckpt = migrate_checkpoint(load_checkpoint(ckpt_path))
-    from attnlab.checkpoints import trust
-
     imports = (meta["config"].get("extras") or {}).get("imports")
     for module in imports or []:
         trust.admit("module", str(module), "extras.imports")
     import_user_modules(imports)
-    task_cls = target_class(meta["config"]["model"]["_target_"], "model")
+    task_cls = trust.target_class(meta["config"]["model"]["_target_"], "model")
     rebuild_hparams(ckpt, instantiate)
     try:
         model = lightning_load_state(task_cls, ckpt)

@@ -55,7 +55,6 @@ class RunPlan:
     # a training run's (plan_training): what it continues from; what the weights of model.init_from fix
     resume: Any = None  # attnlab.checkpoints.resume.ResumePoint
     init_tokenizer: str | None = None
-    init_settings: dict[str, Any] = field(default_factory=dict)
 
 
 def accumulation_for(global_batch_size: int, batch_size: int, devices: int, nodes: int) -> int:
@@ -85,7 +84,7 @@ def make_plan(cfg: DictConfig) -> RunPlan:
     on = "gpu" if on_gpu else "cpu" if accelerator in ("auto", "cpu") else accelerator
     decided: dict[str, dict[str, Any]] = {}
 
-    def decide(key: str, value: Any, why: str) -> Any:
+    def choose(key: str, value: Any, why: str) -> Any:
         """Record a decision and write it into cfg.trainer, the config in memory (.hydra/config.yaml keeps what was
         asked)."""
         decided[f"trainer.{key}"] = {"asked": t.get(key), "decided": value, "why": why, "on": on}
@@ -95,16 +94,16 @@ def make_plan(cfg: DictConfig) -> RunPlan:
 
     precision = str(t.get("precision") or "32-true")
     if not on_gpu and precision in MIXED and not _given("trainer.precision"):
-        precision = decide("precision", "32-true", f"the run is on the CPU (the preset's {precision} is for GPUs)")
+        precision = choose("precision", "32-true", f"the run is on the CPU (the preset's {precision} is for GPUs)")
         log.info("trainer.precision=32-true: the run is on the CPU (the preset's %s is for GPUs; "
                  "trainer.precision=%s keeps it)", t.get("precision"), t.get("precision"))
     check_devices(accelerator, devices, precision)  # the one device check
     count, nodes = device_count(accelerator, devices), int(t.get("num_nodes") or 1)
     if devices in ("auto", -1, "-1"):
-        decide("devices", count, "every GPU of this machine" if on_gpu else "one process")
+        choose("devices", count, "every GPU of this machine" if on_gpu else "one process")
     accumulate = int(t.get("accumulate_grad_batches") or 1)
     if run.global_batch_size:
-        accumulate = decide("accumulate_grad_batches",
+        accumulate = choose("accumulate_grad_batches",
                             accumulation_for(run.global_batch_size, int(cfg.data.batch_size), count, nodes),
                             f"global_batch_size={run.global_batch_size} over data.batch_size={cfg.data.batch_size}"
                             f" x {count} device(s) x {nodes} node(s)")
@@ -136,15 +135,15 @@ def make_plan(cfg: DictConfig) -> RunPlan:
 
 def plan_training(cfg: DictConfig) -> RunPlan:
     """A training run's plan: make_plan's, with the checkpoint it continues from (ckpt_path=, or its run directory's
-    own last.ckpt) and what the weights `model.init_from` names fix: the tokenizer the data is read with and the
-    network's settings (also written into cfg.model)."""
+    own last.ckpt) and what the weights `model.init_from` names fix: the network's settings, written into cfg.model
+    (so the run's config.yaml says what was built), and the tokenizer the data is read with."""
     import dataclasses
 
-    from attnlab.cli import builders, rerun
-    from attnlab.checkpoints.resume import resume_point
-    from attnlab.protocols import task as task_hooks
-
+    from attnlab.checkpoints import trust
     from attnlab.checkpoints.reading import check_init_from
+    from attnlab.checkpoints.resume import resume_point
+    from attnlab.cli import rerun
+    from attnlab.protocols import task as task_hooks
 
     plan = make_plan(cfg)
     rerun.warn_decisions(cfg, plan.decided)  # a --rerun: where this machine decided otherwise than the run's
@@ -152,10 +151,17 @@ def plan_training(cfg: DictConfig) -> RunPlan:
     check_init_from(init_from)  # a file that cannot be loaded safely: refused before anything is built
     resume = resume_point(run.ckpt_path, plan.log_dir, run.task_name, plan.checkpoints, run.train, run.resume,
                           plan.model_target)
-    task_cls = builders.target_class(plan.model_target, "model") if init_from else None
-    settings = builders.init_settings(cfg, task_cls) if init_from else {}
-    tokenizer = task_hooks.init_tokenizer(task_cls, str(init_from)) if init_from else None
-    return dataclasses.replace(plan, resume=resume, init_tokenizer=tokenizer, init_settings=settings)
+    if not init_from:
+        return dataclasses.replace(plan, resume=resume)
+    task_cls = trust.target_class(plan.model_target, "model")
+    changed = {k: v for k, v in task_hooks.init_settings(task_cls, str(init_from)).items() if cfg.model.get(k) != v}
+    if changed:
+        log.info("model.init_from=%s sets %s", init_from, ", ".join(f"model.{k}={v}" for k, v in changed.items()))
+        with open_dict(cfg.model):
+            for k, v in changed.items():
+                cfg.model[k] = v
+    tokenizer = task_hooks.init_tokenizer(task_cls, str(init_from))
+    return dataclasses.replace(plan, resume=resume, init_tokenizer=tokenizer)
 
 
 def _given(key: str) -> bool:

@@ -95,7 +95,7 @@ def train(cfg: DictConfig) -> float | None:
 
     # ---- the data, then the task (its sizes from the data's info)
     dm = builders.build_datamodule(cfg.data, tokenizer=plan.init_tokenizer)
-    model = builders.build_task(cfg, dm, plan.init_settings)
+    model = builders.build_task(cfg, dm)
     strategy = for_model(model, plan.trainer.strategy, plan.model.activation_checkpointing)  # FSDP, or its blocks
     if run.preflight:  # time a few steps, print what the run will cost, write nothing
         from attnlab.cli.preflight import preflight

@@ -13,7 +13,7 @@ Class-level hooks, called on the task class before a task exists:
   `model.init_from` names. Called by `cli/plan.plan_training`; the data module then reads its text with it
   (`use_tokenizer`, attnlab.protocols.data).
 - `init_settings(init_from: str) -> dict` (`ReadsInitSettings`): the network settings those weights fix (an `hf:`
-  folder's sizes). Called by `cli/builders.init_settings`, which writes them into `model.*` before the task is built.
+  folder's sizes). Called by `cli/plan.plan_training`, which writes them into `model.*` before the task is built.
 - `predictor: str` (`Predicts`): the dotted path of a function `predict(model, cfg, run_cfg)`. Called by
   `cli/predict` (predict.py); attnlab's tasks need none (their module's name finds `attnlab.cli.predict.<module>`).
 
