@@ -94,6 +94,15 @@ def read_run_metadata(ckpt_path: str) -> dict:
     return dict(meta) | {"global_step": ckpt.get("global_step"), "shapes": shapes}
 
 
+def check_continues(point: ResumePoint, model: torch.nn.Module, config: dict) -> None:
+    """The checkpoint a run continues must fit the run built from `config` (resolved): one given with ckpt_path= its
+    optimizer's kind and its network's shapes (check_resumable), its run directory's own its whole model config."""
+    if point.ckpt_path and not point.in_run_dir:
+        check_resumable(point.meta, model, config.get("optimizer"), point.ckpt_path)
+    elif point.in_run_dir:
+        check_same_model(point.meta, config["model"], point.ckpt_path)
+
+
 def check_resumable(meta: dict, model: torch.nn.Module, optimizer_cfg: dict | None, ckpt_path: str) -> None:
     """A checkpoint continued with ckpt_path= must fit the run being built: its optimizer state the optimizer's
     kind, its weights the network's shapes (`ckpt_path=last` takes the newest run of the task, whatever its

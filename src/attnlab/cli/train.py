@@ -83,7 +83,7 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
     from attnlab.redact import redact
-    from attnlab.checkpoints.resume import check_resumable, check_same_model
+    from attnlab.checkpoints.resume import check_continues
     from attnlab.strategies import for_model
 
     L.seed_everything(run.seed, workers=True)
@@ -106,10 +106,7 @@ def train(cfg: DictConfig) -> float | None:
     # the platform's callbacks: what the run records, its checkpoints' plain hyperparameters, its job's end
     platform = [RunMetadata(resolved, plan.decided), PlainHyperparameters(resolved["model"], plan.optimizer,
                 resolved.get("scheduler")), ResumeDataPosition(), SignalGuard(), PeerWatch(), JobCost()]
-    if in_run_dir:
-        check_same_model(meta, resolved["model"], ckpt_path)
-    elif ckpt_path:
-        check_resumable(meta, model, resolved.get("optimizer"), ckpt_path)
+    check_continues(plan.resume, model, resolved)  # the checkpoint it continues: this task's optimizer and sizes
     if run.train:
         from attnlab.memory import check_run_memory
 
