@@ -69,3 +69,16 @@ def test_training_logs_the_time_each_step_waited_for_data(tmp_path):
     assert len(rows) >= 2, open(metrics).read()[:2000]
     for r in rows:
         assert float(r["perf/data_wait_s"]) > 0 and 0 < float(r["perf/data_wait_frac"]) < 1
+
+
+def test_a_batch_of_encoded_images_counts_its_images():
+    """With data.decode=gpu the loader hands over (the JPEGs' bytes in one tensor, labels): the loader's images/s
+    counts the images, not the batch."""
+    import torch
+
+    from attnlab.cli.loader_pace import _samples
+    from attnlab.data.images.device_decode import EncodedBatch
+
+    jpegs = [torch.full((n,), 255, dtype=torch.uint8) for n in (700, 900, 800)]
+    assert _samples((EncodedBatch.of(jpegs), torch.tensor([0, 1, 0]))) == 3
+    assert _samples((torch.zeros(5, 3, 8, 8), torch.zeros(5))) == 5

@@ -94,12 +94,16 @@ def logging_off(task):
 def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> int | None:
     """Peak bytes of the tensors one training step (forward, loss and backward) allocates: on fake tensors, or,
     where the step has ops whose output shape depends on the data (packed sequences, boolean indexing), on a real
-    slice of two samples scaled to the batch. None when the step cannot run outside the trainer. Lazy modules get
-    their parameters first (`materialize`)."""
+    slice of two samples scaled to the batch. None when the step cannot run outside the trainer."""
     from attnlab.compat import fake_tensor_mode
 
+    size = _batch_len(batch)
+    part = 2 if size and size > 2 else size
+    sliced = _first(batch, part, size)
+    # lazy modules (`nn.LazyLinear`, ...) get their parameters by one real step without gradients, as PyTorch asks
     if any(is_lazy(p) for p in task.parameters()):
-        materialize(task, batch)
+        with _quiet_step(task), torch.no_grad():
+            task.training_step(sliced, 0)
     try:
         with _quiet_step(task), fake_tensor_mode(allow_non_fake_inputs=True) as fake:
             fake_batch = apply_to_collection(batch, torch.Tensor, fake.from_tensor)
@@ -108,9 +112,6 @@ def activation_bytes(task, batch, autocast_dtype: torch.dtype | None = None) -> 
         raise
     except Exception as e:  # a data-dependent shape, or an op fake tensors do not implement
         log.debug("memory estimate: fake step failed (%s); measuring a real step on two samples", e)
-    size = _batch_len(batch)
-    part = 2 if size and size > 2 else size
-    sliced = _first(batch, part, size)
     try:
         with _quiet_step(task):
             peak = _traced_step(task, sliced, autocast_dtype)
@@ -149,16 +150,6 @@ def step_flops(task, batch) -> int | None:
             # best effort: the run itself says what is wrong with its batches)
             log.debug("FLOP count of the training step failed (%s)", e)
     return None
-
-
-def materialize(task, batch) -> None:
-    """Give lazy modules (`nn.LazyLinear`, ...) their parameters with one real step without gradients on two
-    samples, as PyTorch asks before an optimizer is built; the estimate then counts them like any other."""
-    size = _batch_len(batch)
-    part = min(2, size) if size else size
-    sliced = _first(batch, part, size)
-    with _quiet_step(task), torch.no_grad():
-        task.training_step(sliced, 0)
 
 
 def tensors(tree) -> list[torch.Tensor]:

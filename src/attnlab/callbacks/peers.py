@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from attnlab.callbacks.run_metadata import ledger_of, record_end, requeue_budget
+from attnlab.callbacks.run_metadata import RunMetadata, ledger_of, record_end, requeue_budget
+from attnlab.callbacks.signals import SignalGuard
+from attnlab.cluster.launch import current_launch
 from attnlab.cluster.outcome import Cause
 from attnlab.cluster.rules import Decision, Event, JobState, decide
 from attnlab.cluster.slurm_job import LOST, RUNNING, forbid_requeue, in_slurm_job
@@ -22,6 +25,8 @@ from attnlab.utils import atomic, env
 # what torch's backends say when the other end of a collective went away
 LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken pipe", "communicator was aborted",
               "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
+# said where the job could not be made non-requeueable
+NOT_HELD = " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
 # how long a surviving rank waits for a failed peer's note before it calls the peer lost (longer where a shared file
 # system is slow to show a file written on another node)
 NOTE_WAIT_ENV, NOTE_WAIT_S = "ATTNLAB_PEER_NOTE_WAIT_S", 10.0
@@ -52,8 +57,6 @@ class PeerWatch(Callback):
         self.held: bool | None = None  # made non-requeueable at the loss (past the budget): whether SLURM took it
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from attnlab.callbacks.run_metadata import RunMetadata
-
         metadata = RunMetadata.of(trainer)
         run_dir = metadata.run_dir() if metadata is not None else None
         self.notes = Path(run_dir or trainer.default_root_dir) / ".ranks"
@@ -80,9 +83,7 @@ class PeerWatch(Callback):
                "SLURM requeuing it itself after a node failure; check the nodes (sinfo -R), then run the same command "
                "again")
         if not forbid_requeue():
-            why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
-        from attnlab.callbacks.signals import SignalGuard
-
+            why += NOT_HELD
         last = SignalGuard.saved(trainer)
         kept = f"{last} holds the last step saved." if last and last.is_file() else "No checkpoint was saved yet."
         self.fail(trainer, decision, "in an earlier attempt of this job", why, kept, requeues_spent=spent)
@@ -90,14 +91,10 @@ class PeerWatch(Callback):
     @staticmethod
     def attempt() -> str:
         """What names this attempt of the launch, the same on every rank."""
-        from attnlab.cluster.launch import current_launch
-
         launch = current_launch()
         return f"{launch.key}-{launch.attempt}" if launch and launch.key else "local"
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
         if trainer.world_size == 1 or isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
         if not lost_peer(exception):
@@ -120,8 +117,6 @@ class PeerWatch(Callback):
     def note_loss(self, trainer) -> None:
         """Note the loss in the ledger and, past the budget, make the job non-requeueable: before the wait for a
         peer's note, since SLURM may requeue the job (and end this process) meanwhile."""
-
-
         ledger = ledger_of(trainer)
         ledger.note(LOST, rank=trainer.global_rank, global_step=trainer.global_step)
         self.held = forbid_requeue() if in_slurm_job() and ledger.spent(LOST) >= requeue_budget(trainer)[0] else None
@@ -143,17 +138,17 @@ class PeerWatch(Callback):
             time.sleep(0.5)
 
     def on_lost(self, trainer, exception: BaseException) -> None:
-        from attnlab.callbacks.signals import SignalGuard
         from attnlab.cluster.exit import end_at_once
 
         what = str(exception).strip().splitlines()[0][:200] if str(exception).strip() else type(exception).__name__
         last = SignalGuard.saved(trainer)
-        kept = f"{last} holds the last step saved" if last and last.is_file() else "no checkpoint was saved yet"
-        resume = f"; resume from it with ckpt_path={last}." if last and last.is_file() else "."
+        saved = last is not None and last.is_file()
+        kept = f"{last} holds the last step saved" if saved else "no checkpoint was saved yet"
         if not in_slurm_job():
             _say(f"a peer rank of this run was lost ({what}): its process or its machine went away. {kept}; "
-                 + (f"resume from it with ckpt_path={last}." if last and last.is_file() else "start it again."))
+                 + (f"resume from it with ckpt_path={last}." if saved else "start it again."))
             return
+        kept_line = f"{kept[:1].upper()}{kept[1:]}" + (f"; resume from it with ckpt_path={last}." if saved else ".")
         ledger, (budget, named) = ledger_of(trainer), requeue_budget(trainer)
         spent = ledger.spent(LOST)
         decision = decide(Event.PEER_LOST, JobState(in_slurm=True, spent=spent, budget=budget))
@@ -161,8 +156,8 @@ class PeerWatch(Callback):
             why = (f"it was requeued for a lost peer or node {spent} times already, the budget of this job ({named}); "
                    "check the nodes (sinfo -R), then run the same command again")
             if not (self.held if self.held is not None else forbid_requeue()):
-                why += " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
-            self.fail(trainer, decision, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}", requeues_spent=spent)
+                why += NOT_HELD
+            self.fail(trainer, decision, what, why, kept_line, requeues_spent=spent)
         # recorded before the requeue, for the sweep driver that sees it
         record_end(trainer, decision.end, any_rank=True, error=what, requeues_spent=spent + 1)
         requeued, why = ledger.requeue(LOST, rank=trainer.global_rank, global_step=trainer.global_step, error=what)
@@ -172,7 +167,7 @@ class PeerWatch(Callback):
                  f"and continues from it in this folder once its nodes are back. Exit status {decision.exit_code}.")
             end_at_once(decision.exit_code)  # the process group is broken: nothing more to unwind
         refused = decide(Event.PEER_LOST, JobState(in_slurm=True, spent=budget, budget=budget))  # as past the budget
-        self.fail(trainer, refused, what, why, f"{kept[:1].upper()}{kept[1:]}{resume}")
+        self.fail(trainer, refused, what, why, kept_line)
 
     @staticmethod
     def fail(trainer, decision: Decision, what: str, why: str, kept: str, **fields) -> None:

@@ -11,14 +11,18 @@ import signal
 import time
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from attnlab.callbacks.run_metadata import record_end
+from attnlab.callbacks.run_metadata import RunMetadata, ledger_of, record_end, requeue_budget
 from attnlab.cluster import submitit_bridge
 from attnlab.cluster.exit import STOPPED
 from attnlab.cluster.outcome import AttemptEnd, Cause, Outcome
 from attnlab.cluster.rules import Decision, Event, JobState, decide
-from attnlab.cluster.slurm_job import being_preempted, in_slurm_job
+from attnlab.cluster.slurm_job import (TIME_LIMIT, being_preempted, in_slurm_job, job_fields, scontrol_requeue,
+                                     seconds_left, slurm_requeues)
+from attnlab.compat import stop_after_this_step
 from attnlab.cluster.submitit_bridge import submitit_handler, submitit_signals
 
 # SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
@@ -88,10 +92,6 @@ class SignalGuard(Callback):
         the same batch: a collective here, where every rank is at the same point, never in a signal handler."""
         if trainer.world_size == 1 or self.ending:
             return
-        import torch
-
-        from attnlab.compat import stop_after_this_step
-
         flags = torch.tensor([float(self.warned is not None), float(self.received > 0)],
                              device=trainer.strategy.root_device)
         warned, stopped = (trainer.strategy.reduce(flags, reduce_op="sum") > 0).tolist()
@@ -116,8 +116,6 @@ class SignalGuard(Callback):
 
     def on_sigterm(self, signum, frame) -> None:
         """SLURM's preemption (a PreemptTime) is a warning, any other SIGTERM stops; noted in the ledger at once."""
-        from attnlab.callbacks.run_metadata import ledger_of
-
         if self.ending:
             return
         if not self.received and self.warned is None and self.listening and being_preempted():
@@ -135,15 +133,11 @@ class SignalGuard(Callback):
         if decision.at_once:
             self.stop_now(decision)
         elif self._trainer is not None and self._trainer.world_size == 1:  # several ranks: decide_together
-            from attnlab.compat import stop_after_this_step
-
             stop_after_this_step(self._trainer)
 
     def on_warning(self, signum, frame) -> None:
         """SLURM's warning before a time limit or a preemption: stop after the current step, then requeue
         (on_exception)."""
-        from attnlab.compat import stop_after_this_step
-
         if self.warned is not None or self._trainer is None:
             return
         self.warned, self.warned_at = signum, time.time()
@@ -156,8 +150,6 @@ class SignalGuard(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """Lightning's stop on a signal (a SIGTERMException, a SystemExit that would exit 0) gets the status STOPPED
         and one line saying what it saved; after SLURM's warning, last.ckpt is saved first and the job requeued."""
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
         if not isinstance(exception, SIGTERMException):
             return
         exception.code = STOPPED
@@ -181,8 +173,6 @@ class SignalGuard(Callback):
         signal.signal(signal.SIGTERM, self.on_sigterm)
         if not trainer.is_global_zero:
             return
-        from attnlab.cluster.slurm_job import job_fields
-
         name = signal.Signals(self.warned).name
         cause = self.cause(trainer, job_fields())
         end, why = self.ask_requeue(trainer, cause)
@@ -204,9 +194,6 @@ class SignalGuard(Callback):
         submitit, SLURM's warning; else a time limit when the warning came within the launcher's `signal_delay_s`
         (plus WARNING_SLACK_S) of the job's end, a preemption otherwise (submitit's judgement where either is
         unknown)."""
-        from attnlab.cluster.slurm_job import seconds_left
-        from attnlab.callbacks.run_metadata import RunMetadata
-
         if self.preempted or being_preempted(fields):
             return Cause.PREEMPTED
         if self._submitit is None:
@@ -222,10 +209,6 @@ class SignalGuard(Callback):
         """Note the requeue in the ledger and ask for it, within the budget of time limits (cluster/rules.py): (how
         the attempt ends, why it is not requeued). When SLURM refuses, what it says of the job decides
         (slurm_job.slurm_requeues)."""
-        from attnlab.callbacks.run_metadata import ledger_of, requeue_budget
-        from attnlab.cluster.slurm_job import (TIME_LIMIT, job_fields, scontrol_requeue,
-                                             slurm_requeues)
-
         ledger, (budget, named) = ledger_of(trainer), requeue_budget(trainer)
         # time limits spent: the ledger's, or more where submitit requeued on its own (a warning before training)
         spent = max(ledger.spent(TIME_LIMIT), budget - submitit_bridge.timeouts_left(self._submitit, budget)

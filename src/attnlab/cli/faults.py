@@ -65,10 +65,7 @@ def _os_error(e: OSError, cfg: DictConfig | None) -> UserError:
                f"({os.strerror(e.errno)}). Point {where} at a folder you can write to, then run the same command "
                "again.")
     msg += " No half-written file was left behind."
-    ckpt = _last_good_checkpoint(cfg)
-    if ckpt is not None:
-        msg += f" The last good checkpoint is {ckpt}: ckpt_path={ckpt} resumes from it."
-    return UserError(msg)
+    return UserError(msg + _resume_hint(cfg))
 
 
 def _shared_memory(cfg: DictConfig | None) -> UserError:
@@ -82,10 +79,7 @@ def _shared_memory(cfg: DictConfig | None) -> UserError:
            "data.num_workers=0 (batches made in the training process), use fewer workers or a smaller "
            "data.batch_size, or give the machine a larger /dev/shm (docker run --shm-size=8g; on Kubernetes an "
            "emptyDir with medium: Memory mounted at /dev/shm).")
-    ckpt = _last_good_checkpoint(cfg)
-    if ckpt is not None:
-        msg += f" The last good checkpoint is {ckpt}: ckpt_path={ckpt} resumes from it."
-    return UserError(msg)
+    return UserError(msg + _resume_hint(cfg))
 
 
 def _weights_do_not_fit(e: RuntimeError, cfg: DictConfig | None) -> UserError:
@@ -147,13 +141,15 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.0f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
 
 
-def _last_good_checkpoint(cfg: DictConfig | None) -> Path | None:
+def _resume_hint(cfg: DictConfig | None) -> str:
+    """The sentence naming the run's last good checkpoint (its last.ckpt, else its newest), or nothing."""
     try:
         out = Path(str(cfg.paths.output_dir))
     except Exception:
-        return None
+        return ""
     found = [p for p in (out / "checkpoints").glob("*.ckpt") if p.is_file() and p.stat().st_size > 0]
     if not found:
-        return None
+        return ""
     last = out / "checkpoints" / "last.ckpt"
-    return last if last in found else max(found, key=lambda p: p.stat().st_mtime)
+    ckpt = last if last in found else max(found, key=lambda p: p.stat().st_mtime)
+    return f" The last good checkpoint is {ckpt}: ckpt_path={ckpt} resumes from it."

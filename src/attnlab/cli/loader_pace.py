@@ -83,10 +83,13 @@ def time_loader(dm, batches: int) -> float | None:
 
 
 def _samples(batch) -> int:
+    """The images of a batch: the leading size of its first tensor (with decode=gpu, whose images come encoded,
+    its labels')."""
     import torch
 
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) else 1
+    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
+    first = next((p for p in parts if isinstance(p, torch.Tensor) and p.dim()), None)
+    return int(first.shape[0]) if first is not None else 1
 
 
 def pace(dm, model_s: float | None, batches: int) -> LoaderPace | None:

@@ -27,6 +27,10 @@ class NodeKind:
     gpus: int = 0
     gpu_type: str = ""
 
+    def runs(self, cpus: int, gpus: int, mem_mb: int | None) -> bool:
+        """Whether one such node has the CPUs, GPUs and memory (None: SLURM's default) a job asks of a node."""
+        return self.cpus >= cpus and self.gpus >= gpus and (mem_mb is None or self.mem_mb >= mem_mb)
+
 
 @dataclass
 class Partition:

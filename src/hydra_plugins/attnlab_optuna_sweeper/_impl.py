@@ -125,18 +125,17 @@ class OptunaSweeperImpl(Sweeper):
             except Exception as e:  # sqlalchemy's DatabaseError: not a database, cut short, another schema
                 if url is None or not url.startswith("sqlite:///"):
                     raise
-                if attempt < 3:  # or another process (a second sweep, optuna-dashboard, a notebook's load_study)
-                    time.sleep(0.5 * (attempt + 1))  # creating the same new database's tables at this moment
-                    continue
-                error = e
-        else:
-            db = url.removeprefix("sqlite:///")
-            raise StudyError(
-                f"The Optuna study database {db} cannot be read ({type(error).__name__}: "
-                f"{str(error).splitlines()[0][:160]}): "
-                "it is damaged, e.g. cut short by a full disk or a copy killed half-way. Nothing was changed in it. "
-                f"Move it aside to start the study anew (mv {db} {db}.damaged), or give this sweep another study: "
-                "hydra.sweeper.storage=sqlite:///<file> or hydra.sweeper.study_name=<name>.") from None
+                if attempt == 3:
+                    db = url.removeprefix("sqlite:///")
+                    raise StudyError(
+                        f"The Optuna study database {db} cannot be read ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:160]}): it is damaged, e.g. cut short by a full disk or a copy "
+                        f"killed half-way. Nothing was changed in it. Move it aside to start the study anew (mv {db} "
+                        f"{db}.damaged), or give this sweep another study: hydra.sweeper.storage=sqlite:///<file> or "
+                        "hydra.sweeper.study_name=<name>.") from None
+                # or another process (a second sweep, optuna-dashboard, a notebook's load_study) creating the same
+                # new database's tables at this moment
+                time.sleep(0.5 * (attempt + 1))
         sampler = self._sampler(space, n_before=len(study.trials))
         if sampler is not None:  # none configured: Optuna's default (TPE)
             study.sampler = sampler
@@ -182,8 +181,7 @@ class OptunaSweeperImpl(Sweeper):
         # one job at a time in this process (Hydra's basic launcher), or batches of n_jobs
         while to_go > 0 and not self.grid_done:
             batch = [study.ask(space) for _ in range(min(self.n_jobs, to_go))]
-            overrides = [tuple(f"{k}={v}" for k, v in {**t.params, **fixed}.items()) + self._trial_env(t, study, url)
-                         for t in batch]
+            overrides = [self._job_overrides(t, study, fixed, url) for t in batch]
             try:
                 returns = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
             except BaseException:  # SIGTERM (Lightning's SIGTERMException), Ctrl-C: these trials run again
@@ -209,8 +207,7 @@ class OptunaSweeperImpl(Sweeper):
                 while to_go > 0 or running:
                     while to_go > 0 and slots and not failed and not self.grid_done:
                         trial, slot = study.ask(space), slots.pop(0)
-                        overrides = tuple(f"{k}={v}" for k, v in {**trial.params, **fixed}.items()) \
-                            + self._trial_env(trial, study, url) + self._slot_env(slot)
+                        overrides = self._job_overrides(trial, study, fixed, url) + self._slot_env(slot)
                         future = pool.submit(self.launcher.launch, [overrides], initial_job_idx=trial.number)
                         running[future] = (trial, slot)
                         to_go -= 1
@@ -259,18 +256,19 @@ class OptunaSweeperImpl(Sweeper):
                 raise
             self.grid_done = True
 
-    def _trial_env(self, trial: optuna.Trial, study: optuna.Study, url: Optional[str]) -> tuple[str, ...]:
-        """With a pruner: the job's own trial, in its environment (`hydra.job.env_set`, which every launcher applies
-        in the job's process), for `attnlab.callbacks.OptunaPruning`."""
+    def _job_overrides(self, trial: optuna.Trial, study: optuna.Study, fixed: dict, url: Optional[str]) -> tuple:
+        """A trial's job: its parameters and the fixed ones, and with a pruner the job's own trial in its environment
+        (`hydra.job.env_set`, which every launcher applies in the job's process), for `OptunaPruning`."""
+        params = tuple(f"{k}={v}" for k, v in {**trial.params, **fixed}.items())
         if self.pruner is None:
-            return ()
+            return params
         import json
 
         from attnlab.callbacks.optuna_pruning import ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL
 
         env = {ENV_STORAGE: url or "memory", ENV_STUDY: study.study_name, ENV_TRIAL: str(trial._trial_id),
                ENV_PRUNER: json.dumps(self.pruner, separators=(",", ":"))}
-        return tuple(f"++hydra.job.env_set.{k}='{v}'" for k, v in env.items())
+        return params + tuple(f"++hydra.job.env_set.{k}='{v}'" for k, v in env.items())
 
     def _pruned(self, study: optuna.Study, trial: optuna.Trial, ret: Any, reason: Exception) -> None:
         """A trial its job stopped for the pruner: PRUNED in the study (its last reported value stands), a row of

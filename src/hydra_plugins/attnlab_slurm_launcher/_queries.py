@@ -18,15 +18,21 @@ class Queued(NamedTuple):
     began: str = ""
 
 
+def _ask(*command: str) -> subprocess.CompletedProcess | None:
+    """A SLURM command's answer (text), or None when it cannot be run or does not answer within 30 s."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _queue_states(ids: list[str]) -> dict[str, Queued] | None:
     """{job id: Queued(state, nodes, began)} of the jobs the controller still knows (squeue, any state); None when
     squeue fails (the controller down or restarting: the jobs' states are unknown, not gone)."""
     if not ids:
         return {}
-    try:
-        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(ids)],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
+    out = _ask("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(ids))
+    if out is None:
         return None
     if out.returncode != 0:
         # an id the controller forgot makes squeue fail with "Invalid job id" while it answers: ask the rest
@@ -51,20 +57,13 @@ def _one_by_one(ids: list[str]) -> dict[str, Queued] | None:
 
 
 def _accounting_on() -> bool:
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0
+    out = _ask("sacct", "-n", "-X", "-j", "1")
+    return out is not None and out.returncode == 0
 
 
 def _sacct_state(job_id: str) -> str | None:
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    states = out.stdout.split()
+    out = _ask("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id)
+    states = out.stdout.split() if out is not None else []
     return states[0] if states else None
 
 
@@ -73,9 +72,6 @@ def _requeueable(job_id: str) -> bool | None:
     budget of requeues was spent, `--no-requeue`, a site's JobRequeue=0), which neither SLURM's own requeue (a node
     failure, a preemption) nor `scontrol requeue` gets past; None where scontrol cannot say (the controller has
     forgotten the job, or does not answer)."""
-    try:
-        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.search(r"(?:^|\s)Requeue=(\d+)", out.stdout) if out.returncode == 0 else None
+    out = _ask("scontrol", "-o", "show", "job", job_id)
+    found = re.search(r"(?:^|\s)Requeue=(\d+)", out.stdout) if out is not None and out.returncode == 0 else None
     return None if found is None else found[1] != "0"

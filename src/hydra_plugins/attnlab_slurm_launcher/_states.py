@@ -40,15 +40,10 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "DEADLINE", "GONE"}
 
 
-def verdict_bound_s(poll_max_s: float = POLL_MAX_S, gone_s: float = GONE_GRACE_S, result_s: float = RESULT_GRACE_S,
-                    requeue_s: float = REQUEUE_GRACE_S) -> float:
-    """The longest a verdict comes after a job's last event, squeue's and sacct's own time aside: the next poll sees
-    the event within a poll's longest interval, the wait it starts lasts at most its grace, the poll finding it over
-    comes within another interval."""
-    return 2 * poll_max_s + max(gone_s, result_s, requeue_s)
-
-
-VERDICT_BOUND_S = verdict_bound_s()
+# the longest a verdict comes after a job's last event, squeue's and sacct's own time aside: the next poll sees the
+# event within a poll's longest interval, the wait it starts lasts at most its grace, the poll finding it over comes
+# within another interval
+VERDICT_BOUND_S = 2 * POLL_MAX_S + max(GONE_GRACE_S, RESULT_GRACE_S, REQUEUE_GRACE_S)
 
 
 def waited(w: Any, wait: str, grace: float, now: float) -> bool:

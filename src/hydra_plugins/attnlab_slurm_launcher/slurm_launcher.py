@@ -100,10 +100,9 @@ class SlurmLauncher(HydraSlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         jobs = self._submit(job_overrides, initial_job_idx)
-        common = {o.lower() for o in self.config.hydra.overrides.task} if self.config is not None else set()
-        sweep_dir = Path(str(self.config.hydra.sweep.dir)) if self.config is not None else None
-        watched = [Watched(job, initial_job_idx + i, list(overrides), common,
-                           sweep_dir / str(initial_job_idx + i) if sweep_dir else None)
+        common = {o.lower() for o in self.config.hydra.overrides.task}
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        watched = [Watched(job, initial_job_idx + i, list(overrides), common, sweep_dir / str(initial_job_idx + i))
                    for i, (job, overrides) in enumerate(zip(jobs, job_overrides))]
         self._active.update({w.id: w for w in watched})
         try:
@@ -112,7 +111,7 @@ class SlurmLauncher(HydraSlurmLauncher):
             for w in watched:
                 self._active.pop(w.id, None)
         failed = [w for w in watched if w.state != "COMPLETED" or not w.outcome or w.outcome[0] != "success"]
-        summary = _summary(failed, len(watched), Path(str(self.config.hydra.sweep.dir)))
+        summary = _summary(failed, len(watched), sweep_dir)
         if failed and str(self.config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
             # a grid: Hydra's basic sweeper would stop at the first failed job with a traceback; the paragraph alone
             print(summary, file=sys.stderr, flush=True)
@@ -297,7 +296,6 @@ class _Queue:
         self.followed: Counter[str] = Counter()  # job id -> how many threads follow it
         self.answer: dict[str, tuple[str, str]] | None = None
         self.asked_at = float("-inf")
-        self.queries = 0
 
     def follow(self, ids: list[str]) -> None:
         with self.lock:
@@ -314,7 +312,6 @@ class _Queue:
         with self.lock:
             if time.monotonic() - self.asked_at >= 0.9 * interval:
                 self.answer, self.asked_at = _queue_states(sorted(self.followed)), time.monotonic()
-                self.queries += 1
             return self.answer
 
 

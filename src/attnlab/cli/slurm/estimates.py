@@ -72,8 +72,7 @@ def size(job, s, cfgs: list, overrides: list[str], cache_dir, code: str | None =
 def _kinds(job, s) -> list:
     """The kinds of node of the job's partition that could run it (its GPUs, CPUs and memory per node)."""
     mem_mb = None if s.mem_gb in (None, "auto") else int(s.mem_gb) * 1024
-    fit = [k for k in job.partition.nodes if k.gpus >= job.gpus_per_node
-           and k.cpus >= job.tasks_per_node * job.cpus_per_task and (mem_mb is None or k.mem_mb >= mem_mb)]
+    fit = [k for k in job.partition.nodes if k.runs(job.tasks_per_node * job.cpus_per_task, job.gpus_per_node, mem_mb)]
     return list({node_type(k): k for k in fit or job.partition.nodes}.values())
 
 

@@ -209,8 +209,7 @@ def _check_nodes(s: Settings, part: Partition, nodes: int, gpus: int, cpus: int,
         raise UserError(f"launcher.mem_gb={s.mem_gb}: the nodes of partition {part.name} have at most {most} GB "
                         f"({part.describe()}). Set launcher.mem_gb={most} or less, or launcher.mem_gb=null (SLURM's "
                         f"default){more}.")
-    fit_nodes = sum(k.count for k in part.nodes
-                    if k.cpus >= cpus and k.gpus >= gpus and (mem_mb is None or k.mem_mb >= mem_mb))
+    fit_nodes = sum(k.count for k in part.nodes if k.runs(cpus, gpus, mem_mb))
     if fit_nodes < nodes:
         raise UserError(f"trainer.num_nodes={nodes}: only {fit_nodes} node{'s' * (fit_nodes != 1)} of partition "
                         f"{part.name} have {cpus} CPUs{f', {gpus} GPUs' if gpus else ''}"
