@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import glue_mini
-from attnlab.compare.glue import glue_table, markdown
+from attnlab.compare.glue import cell, glue_table, markdown
 from attnlab.data.text.glue import GlueDataModule
 from attnlab.glue_tasks import LEADERBOARD, TASKS
 from attnlab.errors import UserError
@@ -158,6 +158,22 @@ def test_the_table_and_score_match_a_hand_computed_case(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--glue", str(tmp_path / "cifar")])
     assert exit_.value.code == 2 and "holds no finished run of data=glue" in capsys.readouterr().err
+
+
+def test_seeds_are_grouped_by_setting_in_a_sweep_copied_off_its_cluster(tmp_path):
+    """A run's config.yaml is resolved: data.seed follows seed, and the run's own folder (as it was on the cluster it
+    ran on) is in trainer.default_root_dir and the checkpoint folder. Neither makes each seed a setting of its own:
+    the best setting's seeds give mean ± std, not the luckiest seed."""
+    sweep = tmp_path / "copied"
+    for i, (lr, seed, acc) in enumerate([(2e-5, 0, .90), (2e-5, 1, .80), (5e-5, 0, .86), (5e-5, 1, .86)]):
+        ran_in = f"/cluster/logs/glue/multiruns/{i}"
+        _write_run(sweep / str(i), "sst2", {"test/acc": acc, "val/acc_best": acc}, seed=seed, optimizer={"lr": lr},
+                   data={"_target_": "attnlab.data.text.glue.GlueDataModule", "task": "sst2", "seed": seed},
+                   paths={"output_dir": ran_in}, trainer={"default_root_dir": ran_in},
+                   callbacks={"model_checkpoint": {"dirpath": f"{ran_in}/checkpoints"}})
+    (row,) = glue_table([str(sweep)], seeds=True)
+    assert sorted(row.cells["sst2"]) == [[86.0], [86.0]]
+    assert cell(row, "sst2") == "86.0±0.0"
 
 
 def _predictions(model, dm) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -82,3 +82,30 @@ def test_a_batch_of_encoded_images_counts_its_images():
     jpegs = [torch.full((n,), 255, dtype=torch.uint8) for n in (700, 900, 800)]
     assert _samples((EncodedBatch.of(jpegs), torch.tensor([0, 1, 0]))) == 3
     assert _samples((torch.zeros(5, 3, 8, 8), torch.zeros(5))) == 5
+
+
+def test_a_validation_within_a_window_counts_neither_as_training_nor_as_waiting(monkeypatch):
+    """A window of two batches with a 100 s validation (and its checkpoint) between them: samples/s is that of the
+    two training batches, and the validation is no wait for data."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from attnlab.callbacks import throughput
+
+    clock, logged = [0.0], {}
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: clock[0])
+    task = SimpleNamespace(device=torch.device("cpu"), log_dict=lambda metrics, **_: logged.update(metrics))
+    trainer, batch = SimpleNamespace(world_size=1), (torch.zeros(4, 3), torch.zeros(4))
+    cb = throughput.Throughput(log_every_n_steps=2)
+    cb.on_train_epoch_start(trainer, task)
+    for start, end, validation_s in ((0.0, 1.0, 100.0), (101.5, 102.5, 0.0)):
+        clock[0] = start
+        cb.on_train_batch_start(trainer, task, batch, 0)
+        clock[0] = end
+        cb.on_train_batch_end(trainer, task, None, batch, 0)
+        if validation_s:
+            cb.on_validation_start(trainer, task)
+            clock[0] += validation_s
+    assert logged["perf/samples_per_s"] == 8 / 2.0  # the two batches' 2 s: the clock stops until the next batch
+    assert logged["perf/data_wait_s"] == 0.0

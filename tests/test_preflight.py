@@ -164,3 +164,17 @@ def test_preflight_of_a_run_with_a_global_batch_times_its_real_steps(tmp_path, c
         if 1 / 2 < TrainClock.seconds / predicted < 2:
             break
     assert 1 / 2 < pairs[-1][1] / pairs[-1][0] < 2, pairs
+
+
+def test_a_pass_over_several_validation_sets_counts_the_batches_of_each():
+    """MNLI validates on two sets (a list of loaders): preflight prices the batches of both, each limited as
+    Lightning limits it, not the number of loaders."""
+    from torch.utils.data import DataLoader
+
+    from attnlab.cli.preflight import _batches
+
+    matched, mismatched = DataLoader(range(96), batch_size=8), DataLoader(range(40), batch_size=8)
+    assert _batches([matched, mismatched], None) == 12 + 5
+    assert _batches([matched, mismatched], 4) == 4 + 4
+    assert _batches([matched, mismatched], 0.5) == 6 + 2
+    assert _batches(matched, 1.0) == 12

@@ -270,3 +270,21 @@ def test_a_finished_run_started_again_in_its_directory_keeps_its_results(tmp_pat
 def test_settings_that_cannot_work_are_refused_before_training(tmp_path, small_data, overrides, message):
     with pytest.raises(UserError, match=message):
         train(compose_cfg([*overrides, "debug=fdr", *FAST], tmp_path, data_dir=small_data))
+
+
+@pytest.mark.parametrize("matmul, share", [("medium", 1.0), ("high", 0.5), ("highest", 1 / 16)])
+def test_the_mfu_of_an_fp32_run_on_a_gpu_is_against_its_matmul_precisions_peak(monkeypatch, matmul, share):
+    """perf/mfu's peak on a GPU: the bf16 tensor-core peak for 16-bit precisions; for 32-true that of the matmul
+    precision the run sets (extras.float32_matmul_precision): TF32 at high, bf16 at medium, plain fp32 at highest."""
+    import torch
+
+    from attnlab.utils.flops import device_peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(matmul)
+    try:
+        assert device_peak_flops(torch.device("cuda"), "bf16-mixed") == 989e12
+        assert device_peak_flops(torch.device("cuda"), "32-true") == 989e12 * share
+    finally:
+        torch.set_float32_matmul_precision(before)

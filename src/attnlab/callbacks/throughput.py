@@ -15,8 +15,9 @@ class Throughput(L.Callback):
     at a window's edges, after the device's queued work (one synchronisation per window).
 
     Data wait: the host's time from the end of one training batch to the start of the next (the loader's next batch,
-    its transfer and `on_after_batch_transfer`; not a validation in between), per step and as a share of the window:
-    near 0 when the model sets the pace, most of the window when the loader does.
+    its transfer and `on_after_batch_transfer`), per step and as a share of the window: near 0 when the model sets
+    the pace, most of the window when the loader does. A validation within the epoch, and the checkpoint after it,
+    count in neither: the window's clock stops from its start to the next training batch.
     """
 
     def __init__(self, log_every_n_steps: int = 50):
@@ -27,6 +28,7 @@ class Throughput(L.Callback):
         self._flops: float | None = None
         self._peak: float | None = None
         self._wait = 0.0
+        self._paused_at: float | None = None  # when a validation within the window started
         self._last_end: float | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -47,14 +49,18 @@ class Throughput(L.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         _wait_for_device(pl_module.device)
         self._t0, self._samples, self._tokens, self._batches = time.perf_counter(), 0, 0, 0
-        self._flop_count, self._wait, self._last_end = 0.0, 0.0, self._t0
+        self._flop_count, self._wait, self._last_end, self._paused_at = 0.0, 0.0, self._t0, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._last_end is not None:
-            self._wait += time.perf_counter() - self._last_end
+        now = time.perf_counter()
+        if self._paused_at is not None:  # back from a validation: the window's clock goes on where it stopped
+            self._t0 = None if self._t0 is None else self._t0 + now - self._paused_at
+            self._paused_at = None
+        elif self._last_end is not None:
+            self._wait += now - self._last_end
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._last_end = None  # a validation within the epoch (and the checkpoint after it) is not waiting for data
+        self._last_end, self._paused_at = None, time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._samples += task_hooks.batch_size_of(pl_module, batch)

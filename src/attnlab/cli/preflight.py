@@ -146,11 +146,10 @@ def _run_seconds(cfg: DictConfig, plan, dm, train_batches: int, batch_s: float, 
                                                                                          step_batches) else per_epoch
     parts = {"training": batches * batch_s}
     if val_batch_s:
-        n_val = _loader_len(dm.val_dataloader())
-        n_val = _limited(n_val, t.get("limit_val_batches")) if n_val else 0
+        n_val = _batches(dm.val_dataloader(), t.get("limit_val_batches"))
         interval = t.get("val_check_interval")
         every = t.get("check_val_every_n_epoch")
-        if isinstance(interval, int) and interval > 1:
+        if isinstance(interval, int) and not isinstance(interval, bool):  # every `interval` training batches
             passes = batches // interval
         else:
             per = max(1, round(1 / float(interval))) if interval else 1
@@ -159,16 +158,20 @@ def _run_seconds(cfg: DictConfig, plan, dm, train_batches: int, batch_s: float, 
             passes = max(passes, 1)
         parts["validation"] = passes * n_val * val_batch_s
         if plan.run.test:
-            n_test = _loader_len(dm.test_dataloader())
-            parts["test"] = _limited(n_test, t.get("limit_test_batches")) * val_batch_s if n_test else 0.0
+            parts["test"] = _batches(dm.test_dataloader(), t.get("limit_test_batches")) * val_batch_s
     return sum(parts.values()), parts
 
 
-def _loader_len(loader) -> int:
-    try:
-        return len(loader)
-    except TypeError:
-        return 0
+def _batches(loaders, limit) -> int:
+    """The batches of one pass over a loader, or over each of several (MNLI's two validation sets), as Lightning
+    limits each (limit_val_batches, limit_test_batches); 0 for a loader of unknown length."""
+    n = 0
+    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        try:
+            n += _limited(len(loader), limit)
+        except TypeError:
+            continue
+    return n
 
 
 # ---- the largest batch

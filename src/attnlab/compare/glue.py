@@ -20,7 +20,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.compare.runs import Run, find_runs
+from attnlab.compare.runs import Run, differing_keys, find_runs
+from attnlab.compare.table import grouping_keys
 from attnlab.glue_tasks import LEADERBOARD, TASKS
 from attnlab.errors import UserError
 
@@ -92,11 +93,11 @@ def glue_row(name: str, runs: list[Run], seeds: bool = False) -> Row:
             by_task.setdefault(task, []).append(run)
     for task, task_runs in by_task.items():
         if seeds:
+            # a setting: the keys the runs differ in, but the seed and its copies (data.seed: ${seed})
+            keys = grouping_keys(task_runs, "seed", differing_keys(task_runs))
             settings: dict[tuple, list[Run]] = {}
             for run in task_runs:
-                key = tuple(sorted((k, str(v)) for k, v in run.config.items()
-                                   if k != "seed" and not k.startswith(("paths.", "hydra.", "trainer.logger"))))
-                settings.setdefault(key, []).append(run)
+                settings.setdefault(tuple(str(run.config.get(k)) for k in keys), []).append(run)
             best = max(settings.values(), key=lambda rs: statistics.fmean(_ranked(r, task) for r in rs))
         else:
             best = [max(task_runs, key=lambda r: _ranked(r, task))]

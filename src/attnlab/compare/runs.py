@@ -174,7 +174,7 @@ def differing_keys(runs: list[Run]) -> list[str]:
     missing = object()
     out = []
     for k in keys:
-        if k.startswith(NOT_SETTINGS) or any(_inside(r.config.get(k), r.path) for r in runs):
+        if k.startswith(NOT_SETTINGS) or any(_inside(r.config.get(k), r) for r in runs):
             continue  # where the run wrote (its checkpoint folder, ...), not what it computed
         values = {json.dumps(r.config.get(k, missing), sort_keys=True, default=str) for r in runs}
         if len(values) > 1:
@@ -182,8 +182,13 @@ def differing_keys(runs: list[Run]) -> list[str]:
     return out
 
 
-def _inside(value: Any, folder: Path) -> bool:
-    return isinstance(value, str) and value.startswith(str(folder))
+def _inside(value: Any, run: Run) -> bool:
+    """Whether a config value names a place in the run's folder: where the folder is now, or where the run wrote it
+    (its paths.output_dir: a folder copied off a cluster, or reached through a link, still names that one)."""
+    if not isinstance(value, str):
+        return False
+    folders = [str(f) for f in (run.path, run.config.get("paths.output_dir")) if f and Path(str(f)).is_absolute()]
+    return any(value == f or value.startswith(f.rstrip("/") + "/") for f in folders)
 
 
 def is_number(x: Any) -> bool:

@@ -58,5 +58,9 @@ def device_peak_flops(device: torch.device, precision: str = "32-true") -> float
         name = torch.cuda.get_device_name(device)
         for key, peak in _GPU_BF16_PEAK.items():
             if key in name:
-                return peak if ("16" in str(precision)) else peak / 2  # TF32 at "high" matmul precision
+                if "16" in str(precision):
+                    return peak
+                # fp32 matmuls (torch.set_float32_matmul_precision): TF32 at "high", half the bf16 peak; bf16 at
+                # "medium"; plain fp32 at "highest", about a sixteenth on tensor-core GPUs
+                return peak * {"medium": 1.0, "high": 0.5}.get(torch.get_float32_matmul_precision(), 1 / 16)
     return None
