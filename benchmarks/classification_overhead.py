@@ -38,7 +38,7 @@ def bare(overrides: list[str], epochs: int, out: Path) -> float:
     cfg = _cfg(overrides, out, epochs)
     torch.manual_seed(cfg.seed)
     dm = builders.build_datamodule(cfg.data)
-    model = builders.build_task(cfg, dm, {})
+    model = builders.build_task(cfg, dm)
     net = model.net
     loader = dm.train_dataloader()
     limit = cfg.trainer.get("limit_train_batches")
@@ -83,7 +83,7 @@ def ours(overrides: list[str], epochs: int, out: Path) -> float:
     cfg = _cfg(overrides, out, epochs)
     plan = make_plan(cfg)
     dm = builders.build_datamodule(cfg.data)
-    model = builders.build_task(cfg, dm, {})
+    model = builders.build_task(cfg, dm)
     loggers = builders.build_loggers(cfg)
     clock = _SteadyClock()
     trainer = builders.build_trainer(cfg, plan, builders.build_callbacks(cfg, bool(loggers)) + [clock], loggers)
