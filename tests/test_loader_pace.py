@@ -27,13 +27,18 @@ RUN = ["data=imagefolder", "data.image_size=32", "data.batch_size=4", "data.num_
        "data.test_fraction=0", "trainer.max_epochs=-1", "trainer.limit_val_batches=1", "test=false", *FAST]
 
 
-def test_preflight_of_an_image_task_times_the_loader_against_the_model(tmp_path, caplog):
+def test_preflight_of_an_image_task_times_the_loader_against_the_model(tmp_path, caplog, monkeypatch):
+    from attnlab.cli import preflight
     from attnlab.cli.training import train
 
+    timers, timer = [], preflight.StepTimer
+    monkeypatch.setattr(preflight, "StepTimer", lambda *a: timers.append(timer(*a)) or timers[-1])
     caplog.set_level("INFO", logger="attnlab")
     root = _tree(tmp_path / "images")
     assert train(compose_cfg(["preflight=true", "preflight_steps=3", "trainer.max_steps=20", f"data.root={root}",
                               *RUN], tmp_path / "pre")) is None
+    # the batches it says it timed are those it timed
+    assert len(timers[0].batch_s) == 3 and "3 timed training batches after" in caplog.text
     line = next(line for line in caplog.text.splitlines() if "data loader" in line)
     assert "images/s from the training loader alone (0 workers, data.num_workers) against" in line, line
     assert "images/s taken by the model" in line and ("sets the pace" in line), line

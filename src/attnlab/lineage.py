@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.cluster.outcome import RUNNING, AttemptEnd, Outcome
+from attnlab.cluster.slurm_job import this_attempt
 from attnlab.utils import dotted
 from attnlab.utils.env import package_versions
 from attnlab.utils.paths import is_under
@@ -133,13 +134,13 @@ def _git(cwd: Path, with_diff: bool = True) -> tuple[dict[str, Any] | None, str]
 def _slurm() -> dict[str, Any] | None:
     """The SLURM job this process runs in: its id (`<array job>_<task>` in an array), how many times SLURM has
     restarted it (requeues: SLURM_RESTART_COUNT), its nodes and partition; None outside SLURM."""
-    env = os.environ
-    if not env.get("SLURM_JOB_ID"):
+    job_id, restarts = this_attempt()
+    if not job_id:
         return None
-    array = env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID")
+    env = os.environ
     return {
-        "job_id": f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}" if array else env["SLURM_JOB_ID"],
-        "restart_count": int(env.get("SLURM_RESTART_COUNT") or 0),
+        "job_id": job_id,
+        "restart_count": restarts,
         "nodes": env.get("SLURM_JOB_NODELIST"),
         "partition": env.get("SLURM_JOB_PARTITION"),
     }

@@ -15,7 +15,7 @@ from torch.nn.parameter import is_lazy
 
 from attnlab.errors import UserError
 from attnlab.traced_step import activation_bytes, tensors
-from attnlab.utils.env import package_versions
+from attnlab.utils.env import hwm_bytes, package_versions
 
 log = logging.getLogger("attnlab")
 
@@ -51,13 +51,8 @@ def peak_rss() -> int:
     started from, up to its exec), else ru_maxrss (bytes on macOS)."""
     import resource
 
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    if found := hwm_bytes():
+        return found
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if os.uname().sysname == "Darwin" else rss * 1024
 

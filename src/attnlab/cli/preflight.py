@@ -254,7 +254,7 @@ def preflight(cfg: DictConfig, plan, model, dm) -> None:
     fits = estimate is None or not estimate.available or estimate.total <= estimate.available
     trainer = None
     if fits:
-        trainer = trainer_factory(steps + WARMUP + 1, [timer])
+        trainer = trainer_factory(steps + WARMUP, [timer])  # the first timed batch runs from the last warm-up one
         trainer.fit(model, datamodule=dm)
         trainer.limit_val_batches = 2  # the first batch starts the loader: the second is timed alone
         trainer.validate(model, datamodule=dm, verbose=False)

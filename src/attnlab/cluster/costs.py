@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnlab.utils.env import hwm_bytes
 from attnlab.utils.paths import is_under
 
 TIME_MARGIN, TIME_SLACK_S = 1.25, 120.0
@@ -290,20 +291,12 @@ def process_peak_bytes(root: str | os.PathLike = "/", pid: int | None = None, fi
     live, todo = 0, list(children.get(pid, []))
     while todo:
         child = todo.pop()
-        live += _hwm_bytes(root, child)
+        live += hwm_bytes(child, root)
         todo += children.get(child, [])
     if finished_kb is None:
         finished_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    own = _hwm_bytes(root, pid) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    own = hwm_bytes(pid, root) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return own + live + finished_kb * 1024
-
-
-def _hwm_bytes(root: Path, pid: int) -> int:
-    try:
-        found = re.search(r"^VmHWM:\s+(\d+) kB", (root / "proc" / str(pid) / "status").read_text(), re.M)
-    except OSError:
-        return 0
-    return int(found.group(1)) * 1024 if found else 0
 
 
 def sstat_peak_bytes(step: str, run=subprocess.run) -> int | None:

@@ -4,7 +4,9 @@ the packages installed."""
 from __future__ import annotations
 
 import os
+import re
 import sys
+from pathlib import Path
 
 
 def seconds(name: str, default: float) -> float:
@@ -29,3 +31,13 @@ def package_versions(names) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+def hwm_bytes(pid: int | str = "self", root: str | os.PathLike = "/") -> int:
+    """A process's peak resident memory in bytes as Linux keeps it (VmHWM of /proc/<pid>/status); 0 where it cannot
+    be read (no /proc, or the process has ended)."""
+    try:
+        found = re.search(r"^VmHWM:\s+(\d+) kB", (Path(root) / "proc" / str(pid) / "status").read_text(), re.M)
+    except OSError:
+        return 0
+    return int(found.group(1)) * 1024 if found else 0
