@@ -27,9 +27,8 @@ def _reset() -> None:
 
     GlobalHydra.instance().clear()
     import attnlab.cli.rerun as rerun
-    import attnlab.cli.train as train
 
-    train._rerun, rerun._run_dir, rerun._asked, rerun._given = None, None, [], None
+    rerun._request, rerun._run_dir, rerun._asked, rerun._given = None, None, [], None
     from attnlab.checkpoints import trust
 
     trust.reset()

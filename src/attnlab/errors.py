@@ -4,7 +4,7 @@ status 2."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # how a UserError raised in a DataLoader worker appears in the error the worker's parent re-raises
@@ -21,6 +21,15 @@ class SettingError(UserError, ValueError):
 
     def __str__(self) -> str:
         return f"the network's settings (model.* of a run): {super().__str__()}"
+
+
+def causes(err: BaseException | None) -> Iterator[BaseException]:
+    """`err`, the error it was raised from (`__cause__`, else `__context__`), that one's, ...: each once."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
 
 
 def user_message(err: BaseException) -> str:

@@ -59,10 +59,7 @@ def collect(cwd: str | os.PathLike | None = None) -> tuple[dict[str, Any], str]:
     for key, env in (("sweep_command", "ATTNLAB_SWEEP_COMMAND"), ("rerun_of", "ATTNLAB_RERUN_OF")):
         if os.environ.get(env):  # a job of a multirun: the sweep's own command; a rerun: the run it trains again
             record[key] = os.environ[env]
-    source = Path(attnlab.__file__).resolve().parents[2]
-    if git is None or not is_under(source, Path(git["root"])):  # attnlab's own checkout, when it is one
-        record["attnlab_git"], _ = _git(source, with_diff=False)
-    return record, diff
+    return record | _own_checkout(git), diff
 
 
 def write(run_dir: str | os.PathLike, record: dict[str, Any], diff: str = "") -> None:
@@ -194,7 +191,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-
 def flatten(record: dict[str, Any] | None) -> dict[str, Any]:
     """Dotted keys of a lineage record, for comparing two runs (times and earlier records left out)."""
     kept = {k: v for k, v in (record or {}).items() if k not in ("started", "ended", "earlier")}
@@ -208,8 +204,14 @@ def code_record(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
 
     cwd = Path(cwd or os.getcwd())
     git, _ = _git(cwd, with_diff=False)
-    record: dict[str, Any] = {"attnlab": attnlab.__version__, "git": git}
+    return {"attnlab": attnlab.__version__, "git": git, **_own_checkout(git)}
+
+
+def _own_checkout(git: dict[str, Any] | None) -> dict[str, Any]:
+    """{"attnlab_git": attnlab's own checkout} where it is not the working directory's checkout `git`; else {}."""
+    import attnlab
+
     source = Path(attnlab.__file__).resolve().parents[2]
-    if git is None or not is_under(source, Path(git["root"])):
-        record["attnlab_git"], _ = _git(source, with_diff=False)
-    return record
+    if git is None or not is_under(source, Path(git["root"])):  # attnlab's own checkout, when it is one
+        return {"attnlab_git": _git(source, with_diff=False)[0]}
+    return {}

@@ -150,17 +150,15 @@ def checkpoint_activations(model: nn.Module) -> int:
 
 
 def writes_own_checkpoints(strategy) -> bool:
-    """Whether `trainer.strategy` (a name in Lightning's registry, a `_target_` node or a strategy) shards the
-    checkpoint and writes it itself (FSDP, DeepSpeed): such a strategy gets no atomic checkpoint IO plugin."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy, StrategyRegistry
+    """Whether `trainer.strategy` (a name in Lightning's registry or a `_target_` node) shards the checkpoint and
+    writes it itself (FSDP, DeepSpeed): such a strategy gets no atomic checkpoint IO plugin."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, StrategyRegistry
 
     if is_fsdp(strategy):
         return True
     cls = None
     if isinstance(strategy, str):
         cls = StrategyRegistry[strategy.lower()]["strategy"] if strategy.lower() in StrategyRegistry else None
-    elif isinstance(strategy, Strategy):
-        cls = type(strategy)
     elif isinstance(strategy, Mapping) and strategy.get("_target_"):
         from hydra.utils import get_object
 

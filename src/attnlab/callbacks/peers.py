@@ -20,6 +20,7 @@ from attnlab.cluster.launch import current_launch
 from attnlab.cluster.outcome import Cause
 from attnlab.cluster.rules import Decision, Event, JobState, decide
 from attnlab.cluster.slurm_job import LOST, RUNNING, forbid_requeue, in_slurm_job
+from attnlab.errors import causes
 from attnlab.utils import atomic, env
 
 # what torch's backends say when the other end of a collective went away
@@ -36,15 +37,12 @@ LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
 
 def lost_peer(error: BaseException) -> bool:
     """Whether `error` (or one it was raised from) is a collective's report that another rank went away."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error).lower()
-        if type(error).__name__ in LOST_TYPES or (
-                isinstance(error, RuntimeError) and ("gloo" in text or "nccl" in text or "c10d" in text)
+    for e in causes(error):
+        text = str(e).lower()
+        if type(e).__name__ in LOST_TYPES or (
+                isinstance(e, RuntimeError) and ("gloo" in text or "nccl" in text or "c10d" in text)
                 and any(mark in text for mark in LOST_MARKS)):
             return True
-        error = error.__cause__ or error.__context__
     return False
 
 

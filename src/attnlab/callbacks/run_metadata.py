@@ -14,13 +14,7 @@ import attnlab
 from attnlab import lineage
 from attnlab.cluster.outcome import FINISHED, RUNNING, AttemptEnd, Cause, Outcome
 from attnlab.cluster.slurm_job import Ledger, max_requeues
-
-
-def wandb_run_id(trainer: L.Trainer) -> str | None:
-    for lg in trainer.loggers:
-        if type(lg).__name__ == "WandbLogger":
-            return lg.version
-    return None
+from attnlab.utils.media import wandb_logger
 
 
 def trainer_as_run(trainer: L.Trainer) -> dict[str, Any]:
@@ -92,10 +86,11 @@ class RunMetadata(L.Callback):
             self.finish(trainer, AttemptEnd(Outcome.FAILED, Cause.ERROR, type(exception).__name__))
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        wandb = wandb_logger(trainer)
         checkpoint["attnlab"] = {
             "version": attnlab.__version__,
             "config": self.config,
-            "wandb_run_id": wandb_run_id(trainer),
+            "wandb_run_id": wandb.version if wandb is not None else None,
             "lineage": self.lineage,
             # what the run had logged last: the results of a run resumed from the end of its training, which
             # then trains and validates no more (a stop after the last validation)

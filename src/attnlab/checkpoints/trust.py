@@ -113,12 +113,9 @@ def names_in(node: Any, where: str = "") -> Iterator[tuple[str, str, str]]:
 
 
 def _timm(name: str) -> bool:
-    try:
-        import timm
+    import timm
 
-        return timm.is_model(name)
-    except ImportError:
-        return False
+    return timm.is_model(name)
 
 
 # ---- the table
@@ -147,15 +144,12 @@ def _folder(folder: str | Path) -> tuple[frozenset[str], frozenset[str]]:
 
 def _config_folders() -> list[str]:
     """attnlab's packaged configs, and the config folders this command composes from."""
+    from hydra.core.hydra_config import HydraConfig
+
     from attnlab.config import CONF_DIR
 
     folders = [str(CONF_DIR)]
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hydra = HydraConfig.get() if HydraConfig.initialized() else None
-    except Exception:
-        hydra = None
+    hydra = HydraConfig.get() if HydraConfig.initialized() else None
     for source in (hydra.runtime.get("config_sources") or []) if hydra is not None else []:
         if source.get("schema") == "file" and source.get("provider") != "hydra":
             folders.append(str(source["path"]))

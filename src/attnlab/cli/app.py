@@ -16,8 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 # fail, fail_before_hydra and user_message are attnlab.errors', importable here too
 from attnlab.errors import ERROR_MARK, UserError, fail, fail_before_hydra, user_message  # noqa: F401
 
-log = logging.getLogger("attnlab")
-
 
 def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """Run an entry point's work on its composed config: warnings as configured, a UserError (or a fault of the

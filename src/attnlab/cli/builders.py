@@ -37,7 +37,7 @@ def instantiate(cfg, *args, **kwargs):
         raise
 
 
-def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str | None = None):
+def build_datamodule(data_cfg: DictConfig, tokenizer: str | None = None):
     """Instantiate the DataModule, load what it needs (downloading only where configured), and write the sizes the
     data determines (its `info()`: num_classes, image_size, vocab_size, ...) into the data config, where a model
     config interpolates them (`${data.vocab_size}`)."""
@@ -46,10 +46,9 @@ def build_datamodule(data_cfg: DictConfig, prepare: bool = True, tokenizer: str 
     kwargs, _ = constructor_kwargs("data", node, cls)
     dm = instantiate({"_target_": f"{cls.__module__}.{cls.__qualname__}", **kwargs}, _convert_="all")
     data_hooks.use_tokenizer(dm, tokenizer)  # the tokenizer of the weights the run starts from
-    if prepare:
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            dm.prepare_data()
-        dm.setup("fit")
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        dm.prepare_data()
+    dm.setup("fit")
     with open_dict(data_cfg):
         for key, value in data_hooks.info(dm).sizes().items():
             data_cfg[key] = value
@@ -72,8 +71,7 @@ def build_task(cfg: DictConfig, dm) -> Any:
     info = data_hooks.info(dm)
     kwargs |= {k: v for k, v in info.task_arguments().items() if k in takes and kwargs.get(k) is None}
     if issubclass(task_cls, BaseTask):
-        task = task_hooks.check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), info)
-        return task
+        return task_hooks.check_data(task_cls(**kwargs, optimizer=optimizer, scheduler=scheduler), info)
     if optimizer and "optimizer" in takes:
         opt_kwargs, options = split_optimizer(optimizer)
         used = {k: v for k, v in dataclasses.asdict(options).items() if v is not None}

@@ -1,5 +1,5 @@
 """The one step before Hydra: an entry point's command line checked and made ready for it (`before_hydra`); and the
-entry points built on it (`entry_point`: eval, export, predict).
+entry points built on it (`entry_point`: train, eval, export, predict).
 
 Secrets are taken off it, and a mistake that Hydra would answer with a traceback or its own message (a plugin that is
 not installed, an output folder that cannot be written, an option or key that does not compose) is answered first
@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 
-@dataclass(frozen=True)
-class Command:
-    argv: list[str]                                # what Hydra reads
-    rerun: tuple[Path, list[str]] | None = None    # train.py --rerun <run dir>: the folder and the keys changed
-
-
-def before_hydra(argv: list[str], entry: str) -> Command:
+def before_hydra(argv: list[str], entry: str) -> list[str]:
     """`argv` of the entry point `entry` (train, eval, predict, export: its config's name), checked and rewritten;
     a mistake ends the process with one paragraph (exit status 2)."""
     from attnlab.cli.app import check_output_paths, null_groups
@@ -33,14 +25,13 @@ def before_hydra(argv: list[str], entry: str) -> Command:
     from attnlab.redact import take_secret_overrides
 
     argv = take_secret_overrides(argv)  # kept from Hydra's files and the lineage
-    rerun = None
     try:
         if entry == "train":
             from attnlab.cli import rerun as reruns
 
             rerun_dir, argv = reruns.split_argv(argv)
             if rerun_dir is not None:  # the run's own config replaces the composed one (cli/rerun.py)
-                rerun, argv = (rerun_dir, argv), reruns.overrides(rerun_dir, argv)
+                argv = reruns.overrides(rerun_dir, argv)
             reruns.record_sweep_command(argv)
         argv = null_groups(argv, CONF_DIR)
         if entry == "train":
@@ -56,7 +47,7 @@ def before_hydra(argv: list[str], entry: str) -> Command:
             argv = fit_command_line(argv, composed)
     except UserError as e:
         fail(e)
-    return Command(argv, rerun)
+    return argv
 
 
 def entry_point(config_name: str, work: Callable[[Any], Any], prepare: Callable[[list[str]], list[str]] | None = None
@@ -78,7 +69,7 @@ def entry_point(config_name: str, work: Callable[[Any], Any], prepare: Callable[
     def main():
         if prepare is not None:
             sys.argv = prepare(sys.argv)
-        sys.argv[1:] = before_hydra(sys.argv[1:], config_name).argv  # the one step before Hydra
+        sys.argv[1:] = before_hydra(sys.argv[1:], config_name)  # the one step before Hydra
         return composed()
 
     return main, partial(run_process, main)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from attnlab.errors import UserError
+from attnlab.errors import UserError, causes
 from attnlab.utils.paths import is_under
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -28,7 +28,7 @@ def _shared_memory_full(message: str) -> bool:
 
 def explain(err: BaseException, cfg: DictConfig | None) -> UserError | None:
     """The paragraph for a fault of the machine, or None for any other error (it keeps its traceback)."""
-    for e in _chain(err):
+    for e in causes(err):
         if isinstance(e, OSError) and e.errno is not None and (e.errno in _FULL or e.errno in _NOT_WRITABLE):
             if e.filename and str(e.filename).startswith("/dev/shm"):
                 return _shared_memory(cfg)
@@ -38,14 +38,6 @@ def explain(err: BaseException, cfg: DictConfig | None) -> UserError | None:
         if isinstance(e, RuntimeError) and "Error(s) in loading state_dict" in str(e):
             return _weights_do_not_fit(e, cfg)
     return None
-
-
-def _chain(err: BaseException):
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__
 
 
 def _os_error(e: OSError, cfg: DictConfig | None) -> UserError:

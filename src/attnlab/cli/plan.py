@@ -119,7 +119,7 @@ def make_plan(cfg: DictConfig) -> RunPlan:
     output_dir = Path(str(paths.get("output_dir") or "."))
     optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True) if cfg.get("optimizer") else None
     own_dir = ((cfg.get("callbacks") or {}).get("model_checkpoint") or {}).get("dirpath")
-    plan = RunPlan(
+    return RunPlan(
         run=run,
         trainer=TrainerPlan(accelerator, on_gpu, count, nodes, precision, accumulate, strategy, sharded,
                             writes_own_checkpoints(strategy)),
@@ -130,7 +130,6 @@ def make_plan(cfg: DictConfig) -> RunPlan:
         averages_weights=averaged, force=bool((cfg.get("extras") or {}).get("force")), decided=decided,
         optimizer=split_optimizer(optimizer)[0] if optimizer and optimizer.get("_target_") else None,
         checkpoints=Path(str(own_dir)) if own_dir else output_dir / "checkpoints")
-    return plan
 
 
 def plan_training(cfg: DictConfig) -> RunPlan:

@@ -191,16 +191,15 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
 
 
-def _largest_batch_gpu(trainer_factory, model, dm, start: int, trials: int = SEARCH_TRIALS,
-                       limit: int | None = None) -> int | None:
+def _largest_batch_gpu(trainer_factory, model, dm, start: int, limit: int | None = None) -> int | None:
     """The largest batch that trains on one GPU, up to `limit` (the training split): `start` (the estimate's) tried
-    first, then doubled while a size fits and bisected once one runs out of memory, `trials` sizes at most. None
-    when none fits."""
+    first, then doubled while a size fits and bisected once one runs out of memory, SEARCH_TRIALS sizes at most.
+    None when none fits."""
     from attnlab.errors import UserError
 
     limit = limit or 2**31
     fits, fails, size = 0, None, max(1, min(start, limit))
-    for _ in range(trials):
+    for _ in range(SEARCH_TRIALS):
         dm.batch_size = size
         try:
             trainer = trainer_factory(max_steps=2)

@@ -30,11 +30,16 @@ _run_dir: Path | None = None
 _asked: list[str] = []
 # what --rerun was given: the run folder, or a file in it (a checkpoint, read as every checkpoint is: check_given)
 _given: Path | None = None
+# `--rerun <run dir> [key=value ...]` on this command line (split_argv): (the run folder, the keys changed on purpose),
+# which cli/train.py trains instead of the composed config
+_request: tuple[Path, list[str]] | None = None
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 
 
 def split_argv(argv: list[str]) -> tuple[Path | None, list[str]]:
-    """(the run folder given to --rerun, the other arguments)."""
+    """(the run folder given to --rerun, the other arguments), kept as the rerun asked for (`_request`)."""
+    global _given, _request
+    _request = None
     for i, arg in enumerate(argv):
         if arg == FLAG or arg.startswith(FLAG + "="):
             value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
@@ -42,9 +47,9 @@ def split_argv(argv: list[str]) -> tuple[Path | None, list[str]]:
             if not value or value.startswith("-"):
                 raise UserError(f"{FLAG} needs the run folder to train again: python train.py {FLAG} "
                                 "logs/train/runs/<time> (the folder a run prints as 'run directory:').")
-            global _given
             _given = Path(value)
-            return run_folder(Path(value)), rest
+            _request = (run_folder(Path(value)), rest)
+            return _request
     return None, argv
 
 

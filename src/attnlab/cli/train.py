@@ -1,58 +1,37 @@
 """python train.py [group=option ...] [key=value ...]  — see README.md for the grammar.
 
 The training run from the command line to `Trainer.fit`, top to bottom (`--rerun <run dir>`: cli/rerun.py):
-1. `run()` -> `main()`: the command line made ready for Hydra, which composes `conf/train.yaml`.
-2. `_compose(cfg)`: `run_app` runs `train(cfg)`, showing a UserError as one paragraph.
+1. `run()` -> `main()` (cli/command_line.entry_point): the command line made ready for Hydra, which composes
+   `conf/train.yaml`; `run_app` runs `_work(cfg)`, showing a UserError as one paragraph.
+2. `_work(cfg)`: `train(cfg)`, or in a rerun `train` of the run's own config.
 3. `train(cfg)`: the config checked and planned, the data and the task built, the Trainer: fit, test, report.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from attnlab.cli.app import run_process
-from attnlab.config import CONF_DIR, register_resolvers
+from attnlab.cli.command_line import entry_point
+from attnlab.config import register_resolvers
 
 register_resolvers()
 log = logging.getLogger("attnlab")
 
 
-def run() -> None:
-    """The `train.py` script, the `attnlab-train` command and `python -m attnlab.train`."""
-    run_process(main)
+def _work(cfg: DictConfig) -> float | None:
+    """`train(cfg)`; in a `--rerun <run dir> [key=value ...]` (cli/rerun.py), `train` of the run's own config."""
+    from attnlab.cli import rerun
 
+    if rerun._request is None:
+        return train(cfg)
+    from pathlib import Path
 
-def main() -> float | None:
-    from attnlab.cli.command_line import before_hydra
+    from hydra.core.hydra_config import HydraConfig
 
-    global _rerun
-    command = before_hydra(sys.argv[1:], "train")  # the one step before Hydra
-    sys.argv[1:], _rerun = command.argv, command.rerun
-    return _compose()
-
-
-# `--rerun <run dir> [key=value ...]`: (the run folder, the keys changed on purpose), see cli/rerun.py
-_rerun: tuple | None = None
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def _compose(cfg: DictConfig) -> float | None:
-    from attnlab.cli.app import run_app
-
-    if _rerun is not None:
-        from pathlib import Path
-
-        from hydra.core.hydra_config import HydraConfig
-
-        from attnlab.cli import rerun
-
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        return run_app(lambda _: train(rerun.config(*_rerun, out_dir)), cfg)
-    return run_app(train, cfg)
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    return train(rerun.config(*rerun._request, out_dir))
 
 
 def train(cfg: DictConfig) -> float | None:
@@ -155,6 +134,11 @@ def train(cfg: DictConfig) -> float | None:
     if trainer.is_global_zero:
         report.report(plan, metrics, trainer, out_dir, estimate)
     return report.optimized_value(plan, metrics)
+
+
+# the `train.py` script, the `attnlab-train` command and `python -m attnlab.train`: main(), then the process ends
+# without teardown
+main, run = entry_point("train", _work)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,7 @@ imported where it is used (ModelCheckpoint's internals: checkpoint.py).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-
-
-log = logging.getLogger("attnlab")
 
 
 # ---- Lightning

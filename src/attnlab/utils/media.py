@@ -130,7 +130,6 @@ def save_media(trainer, key: str, image: Any, caption: str | None = None) -> Pat
 def panel_grid(rows: list[list[Any]], height: int = 96, pad: int = 2) -> Any:
     """Rows of uint8 RGB panels (H, W, 3), each scaled (nearest) to `height` px, on a white background with `pad` px
     between panels: -> one uint8 (rows * (height + pad) + pad, ..., 3) array."""
-    import numpy as np
     from PIL import Image
 
     scaled = [[np.asarray(Image.fromarray(p).resize((max(1, round(p.shape[1] * height / p.shape[0])), height),
