@@ -1,4 +1,5 @@
-"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points as new processes."""
+"""Shared fixtures: compose configs in-process (Hydra compose API) and run the entry points as new processes
+(`run_cli`) or in the test's own process (`run_here`)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,18 @@ def run_cli(script: str, *args: str, env: dict | None = None, timeout: int = 600
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+
+
+def run_here(script: str, *args: str, env: dict | None = None, cwd: Path = ROOT, data_dir: Path | None = None,
+             timeout: int | None = None) -> subprocess.CompletedProcess:
+    """`run_cli`'s command run in this test's process, through the script's own `main()` (tests/entry_batch.py), for
+    the checks that need no new process: its exit status and its output (stdout and stderr). `timeout` is run_cli's,
+    unused here."""
+    import entry_batch
+
+    ran = entry_batch.run_here({"name": script, "script": script, "args": [str(a) for a in args], "cwd": str(cwd),
+                                "env": {"ATTNLAB_DATA_DIR": str(data_dir or DATA_DIR)} | (env or {})})
+    return subprocess.CompletedProcess([script, *args], ran["code"], ran["output"])
 
 
 @pytest.fixture

@@ -68,6 +68,20 @@ def run(case: dict) -> dict:
     return {"code": code, "output": out.getvalue(), "seconds": round(time.perf_counter() - start, 2)}
 
 
+def run_here(case: dict) -> dict:
+    """`run(case)` in a test's own process, its logging handlers (pytest's) and level kept."""
+    kept = {lg: list(lg.handlers) for lg in (logging.getLogger(), logging.getLogger("attnlab"))}
+    level = logging.getLogger().level
+    try:
+        return run(case)
+    finally:
+        for lg, handlers in kept.items():
+            for h in handlers:
+                if h not in lg.handlers:
+                    lg.addHandler(h)
+        logging.getLogger().setLevel(level)
+
+
 if __name__ == "__main__":
     cases_file, report_file = map(Path, sys.argv[1:3])
     cases = json.loads(cases_file.read_text())

@@ -13,7 +13,7 @@ import torch
 
 from attnlab.checkpoints.reading import newest_last
 from attnlab.utils.atomic import link_file
-from conftest import FAST, compose_cfg, run_cli
+from conftest import FAST, compose_cfg, run_here
 
 
 def _files(folder: Path) -> dict[tuple[int, int], int]:
@@ -37,12 +37,12 @@ def test_a_run_keeps_each_step_once_and_resumes_from_its_linked_last_ckpt(tmp_pa
             "callbacks.progress_bar=null", f"hydra.run.dir={run_dir}"]
     ckpts = run_dir / "checkpoints"
     last = ckpts / "last.ckpt"
-    out = run_cli("train.py", *args, "trainer.max_epochs=1", env=log_env)
+    out = run_here("train.py", *args, "trainer.max_epochs=1", env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert _step(last) == 5 and os.path.samefile(last, ckpts / "epoch_000.ckpt")  # one file, two names
 
     # the same command with one more epoch into the same folder (a SLURM requeue): it resumes from last.ckpt
-    out = run_cli("train.py", *args, "trainer.max_epochs=2", env=log_env)
+    out = run_here("train.py", *args, "trainer.max_epochs=2", env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert f"resuming from {last}" in out.stdout
     assert _step(last) == 10  # the newest step

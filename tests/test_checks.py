@@ -12,7 +12,7 @@ from attnlab.cli.checks import check_config
 from attnlab.cli.training import train
 from attnlab.config import CONF_DIR, prepare
 from attnlab.errors import UserError
-from conftest import FAST, compose_cfg, run_cli
+from conftest import FAST, compose_cfg, run_here
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = {"gpt_char": "tinyshakespeare", "bert_small": "tinyshakespeare data.objective=masked", "transformer_seq2seq_small": "multi30k",
@@ -81,7 +81,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 @pytest.mark.slow
 def test_the_command_line_gets_one_paragraph_and_exit_code_2(tmp_path, log_env):
-    out = run_cli("train.py", "trainer.max_epochs=abc", env=log_env)
+    out = run_here("train.py", "trainer.max_epochs=abc", env=log_env)
     assert out.returncode == 2 and "Traceback" not in out.stdout
     assert "attnlab: error: trainer.max_epochs='abc' is refused" in out.stdout
 
@@ -122,7 +122,7 @@ def test_an_image_folder_with_one_or_an_empty_class_is_refused(tmp_path, layout,
 
 def test_a_log_folder_under_a_file_is_refused_before_hydra_makes_the_run_directory(tmp_path):
     (tmp_path / "afile").write_text("")
-    out = run_cli("train.py", f"paths.log_dir={tmp_path / 'afile' / 'logs'}")
+    out = run_here("train.py", f"paths.log_dir={tmp_path / 'afile' / 'logs'}")
     assert out.returncode == 2 and "Traceback" not in out.stdout
     assert f"{tmp_path / 'afile'} is a file, not a folder" in out.stdout
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import ROOT, DATA_DIR, run_cli, wandb_offline
+from conftest import DATA_DIR, ROOT, run_cli, run_here, wandb_offline
 
 QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
          "trainer.limit_test_batches=2", "extras.print_config=false", "callbacks.progress_bar=null"]
@@ -83,7 +83,7 @@ def test_make_train_reaches_the_readmes_number_and_writes_the_run(default_run):
 def test_eval_reproduces_the_test_metric(default_run, tmp_path):
     _, run_dir = default_run
     (best,) = (run_dir / "checkpoints").glob("epoch_*.ckpt")
-    out = run_cli("eval.py", f"ckpt_path={best}", f"hydra.run.dir={tmp_path}")
+    out = run_here("eval.py", f"ckpt_path={best}", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stdout[-3000:]
     trained = json.loads((run_dir / "metrics.json").read_text())["test/acc"]
     evaluated = json.loads((tmp_path / "metrics.json").read_text())["test/acc"]
@@ -100,8 +100,8 @@ def test_predict_prints_top5_per_image(default_run, tmp_path):
     folder.mkdir()
     for i in range(10):
         Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8)).save(folder / f"digit{i}_{digits.target[i]}.png")
-    out = run_cli("predict.py", f"ckpt_path={run_dir}/checkpoints/last.ckpt", f"input={folder}",
-                  f"hydra.run.dir={tmp_path}/out", "extras.print_config=false")
+    out = run_here("predict.py", f"ckpt_path={run_dir}/checkpoints/last.ckpt", f"input={folder}",
+                   f"hydra.run.dir={tmp_path}/out", "extras.print_config=false")
     assert out.returncode == 0, out.stdout[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(str(folder))]
     assert len(lines) == 10 and all(" 5. " in ln for ln in lines)
@@ -112,17 +112,17 @@ def test_predict_prints_top5_per_image(default_run, tmp_path):
 
 @pytest.mark.slow
 def test_user_errors_print_one_paragraph_without_traceback(tmp_path, log_env):
-    out = run_cli("train.py", "data=mnist", f"data.data_dir={tmp_path}/missing", env=log_env)
+    out = run_here("train.py", "data=mnist", f"data.data_dir={tmp_path}/missing", env=log_env)
     assert out.returncode == 2
     assert "attnlab: error: MNIST files not found in" in out.stdout and "Traceback" not in out.stdout
-    out = run_cli("eval.py", f"ckpt_path={tmp_path}/none.ckpt", env=log_env)
+    out = run_here("eval.py", f"ckpt_path={tmp_path}/none.ckpt", env=log_env)
     assert out.returncode == 2 and "does not exist" in out.stdout and "Traceback" not in out.stdout
     for script in ("eval.py", "predict.py"):
-        out = run_cli(script, env=log_env)
+        out = run_here(script, env=log_env)
         assert out.returncode == 2 and f"{script} needs a checkpoint: ckpt_path=" in out.stdout, out.stdout[-2000:]
     fake = tmp_path / "fake.ckpt"
     fake.write_bytes(b"not read: the device is refused first")
-    out = run_cli("predict.py", f"ckpt_path={fake}", "device=cuda", env=log_env | {"CUDA_VISIBLE_DEVICES": ""})
+    out = run_here("predict.py", f"ckpt_path={fake}", "device=cuda", env=log_env | {"CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2 and "device=cuda, but this machine has no CUDA GPU" in out.stdout
 
 
@@ -209,7 +209,7 @@ def test_wandb_offline_logs_config_metrics_media_and_resumes_the_same_run(tmp_pa
 
 
 def test_incompatible_model_and_data_are_refused_with_the_choices(log_env, small_data):
-    out = run_cli("train.py", "model=swin", "data=tinyshakespeare", env=log_env, data_dir=small_data)
+    out = run_here("train.py", "model=swin", "data=tinyshakespeare", env=log_env, data_dir=small_data)
     assert out.returncode == 2 and "Traceback" not in out.stdout
     msg = out.stdout.split("attnlab: error: ")[1]
     assert "model=swin cannot train on data=tinyshakespeare" in msg
@@ -241,8 +241,8 @@ def test_a_launcher_whose_plugin_is_missing_names_the_package_to_install(tmp_pat
 
 
 def test_a_sweep_over_a_key_missing_from_the_config_is_refused_before_any_job(tmp_path, log_env):
-    out = run_cli("train.py", "-m", "optimizer.lr=1e-3,3e-4", "optimizer.no_such_option=1,2", "debug=fdr",
-                  env=log_env, timeout=120)
+    out = run_here("train.py", "-m", "optimizer.lr=1e-3,3e-4", "optimizer.no_such_option=1,2", "debug=fdr",
+                   env=log_env, timeout=120)
     assert out.returncode == 2 and "optimizer.no_such_option=1: optimizer=adamw (conf/optimizer/adamw.yaml) has no " \
                                    "key 'no_such_option'" in out.stdout, out.stdout[-2000:]
     assert "+optimizer.no_such_option" in out.stdout  # how to add a new key on purpose

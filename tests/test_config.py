@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from attnlab.config import CONF_DIR, check_compatible
 from attnlab.errors import UserError
-from conftest import ROOT, compose_cfg, run_cli
+from conftest import ROOT, compose_cfg, run_here
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
@@ -111,7 +111,7 @@ def test_command_line_choices_compose(tmp_path, override):
 
 
 def test_unknown_option_lists_the_choices():
-    out = run_cli("train.py", "model=nosuchmodel")
+    out = run_here("train.py", "model=nosuchmodel")
     assert out.returncode == 2
     assert "attnlab: error: model=nosuchmodel: the config group 'model' has no option 'nosuchmodel'." in out.stdout
     for name in ("vit", "swin", "resnet50"):
@@ -145,7 +145,7 @@ def test_fast_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch
     assert config.fast_precision("mps") == "32-true"
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     native = "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
-    out = run_cli("train.py", "experiment=bert_sst2_finetune", "--cfg", "job", "--resolve")
+    out = run_here("train.py", "experiment=bert_sst2_finetune", "--cfg", "job", "--resolve")
     assert out.returncode == 0, out.stdout
     assert yaml.safe_load(out.stdout)["trainer"]["precision"] == ("bf16-mixed" if native else "32-true")
 

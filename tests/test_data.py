@@ -181,16 +181,16 @@ def test_imagefolder_without_a_test_or_val_folder_splits_it_from_train(folders, 
 def test_imagefolder_test_as_validation_is_the_users_choice_and_said_with_the_results(tmp_path):
     """data.test_fraction=0 without a test/ folder: the test split is the validation split (test_is_validation),
     and the run's results say so where it prints and writes them."""
-    from conftest import run_cli
+    from conftest import run_here
 
     _make_tree(tmp_path / "images" / "train", n=10)
     dm = ImageFolderDataModule(kind="images", root=str(tmp_path / "images"), image_size=8, batch_size=4,
                                test_fraction=0)
     dm.setup()
     assert dm.test_is_validation and _files(dm.test_set) == _files(dm.val_set)
-    out = run_cli("train.py", "data=imagefolder", f"data.root={tmp_path / 'images'}", "data.test_fraction=0",
-                  "data.image_size=8", "data.batch_size=4", "trainer.max_epochs=1", "data.num_workers=0",
-                  env={"ATTNLAB_LOG_DIR": str(tmp_path / "logs")}, timeout=300)
+    out = run_here("train.py", "data=imagefolder", f"data.root={tmp_path / 'images'}", "data.test_fraction=0",
+                   "data.image_size=8", "data.batch_size=4", "trainer.max_epochs=1", "data.num_workers=0",
+                   env={"ATTNLAB_LOG_DIR": str(tmp_path / "logs")}, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "test/* are measured on the validation split" in out.stdout
     metrics = json.loads(next((tmp_path / "logs").rglob("metrics.json")).read_text())

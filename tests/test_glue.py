@@ -19,7 +19,7 @@ from attnlab.compare.glue import cell, glue_table, markdown
 from attnlab.data.text.glue import GlueDataModule
 from attnlab.glue_tasks import LEADERBOARD, TASKS
 from attnlab.errors import UserError
-from conftest import FAST, compose_cfg, run_cli
+from conftest import FAST, compose_cfg, run_cli, run_here
 
 TASK_LIST = ",".join(LEADERBOARD)
 TINY = ["model.init_from=null", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
@@ -193,9 +193,10 @@ def _predictions(model, dm) -> list[tuple[np.ndarray, np.ndarray]]:
 @pytest.mark.parametrize("form", ["tsv", "saved"])
 def test_one_sweep_runs_every_task_and_writes_the_glue_table(forms, tmp_path, form):
     """`python train.py -m experiment=bert_glue data.task=<the nine>`, a new process, on the miniature sets: each
-    run reports its task's leaderboard metrics, matching scipy's and sklearn's on the same predictions to 1e-6,
-    and the sweep's glue.md and glue.csv hold the row computed from the runs' own metrics.json. Then STS-B's
-    regression head evaluates, predicts and exports, and an MNLI checkpoint is evaluated on AX."""
+    run reports its task's leaderboard metrics, matching scipy's and sklearn's on the same predictions (to 1e-6, and
+    STS-B's correlations to 1e-4), and the sweep's glue.md and glue.csv hold the row computed from the runs' own
+    metrics.json. Then STS-B's regression head evaluates, predicts and exports, and an MNLI checkpoint is evaluated
+    on AX."""
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
@@ -232,8 +233,11 @@ def test_one_sweep_runs_every_task_and_writes_the_glue_table(forms, tmp_path, fo
                 independent = {"acc": accuracy_score(y, pred), "mcc": matthews_corrcoef(y, pred)}
             if spec.labels is not None and len(spec.labels) == 2:
                 independent["f1"] = f1_score(y, pred)
+            # counts agree exactly; the correlations of a barely trained head's nearly equal STS-B scores move with
+            # float32 rounding (Lightning's test loop against this loop over the same batches)
+            tolerance = 1e-4 if task == "stsb" else 1e-6
             for name, value in independent.items():
-                assert metrics[f"test/{name}{suffix}"] == pytest.approx(value, abs=1e-6), (task, name)
+                assert metrics[f"test/{name}{suffix}"] == pytest.approx(value, abs=tolerance), (task, name)
     score = statistics.fmean(statistics.fmean(cells[t]) for t in LEADERBOARD)
     with open(sweep / "glue.csv") as f:
         (row,) = list(csv.DictReader(f))
@@ -242,8 +246,8 @@ def test_one_sweep_runs_every_task_and_writes_the_glue_table(forms, tmp_path, fo
     assert f"| sweep | {score:.1f} |" in (sweep / "glue.md").read_text()
     # AX: an MNLI checkpoint on the diagnostic, scored by its Matthews correlation
     mnli = next((runs["mnli"] / "checkpoints").glob("epoch_*.ckpt"))
-    proc = run_cli("eval.py", f"ckpt_path={mnli}", "+data.task=ax", f"hydra.run.dir={tmp_path}/ax",
-                   env={"ATTNLAB_LOG_DIR": str(tmp_path / "logs")})
+    proc = run_here("eval.py", f"ckpt_path={mnli}", "+data.task=ax", f"hydra.run.dir={tmp_path}/ax",
+                    env={"ATTNLAB_LOG_DIR": str(tmp_path / "logs")})
     assert proc.returncode == 0, proc.stdout[-3000:]
     evaluated = json.loads((tmp_path / "ax" / "metrics.json").read_text())
     model = builders.load_task(mnli, read_run_metadata(mnli)).eval()
@@ -259,17 +263,17 @@ def test_one_sweep_runs_every_task_and_writes_the_glue_table(forms, tmp_path, fo
     # STS-B's regression head: eval, predict and export like any other task
     stsb = next((runs["stsb"] / "checkpoints").glob("epoch_*.ckpt"))
     env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs")}
-    proc = run_cli("eval.py", f"ckpt_path={stsb}", f"hydra.run.dir={tmp_path}/eval", env=env)
+    proc = run_here("eval.py", f"ckpt_path={stsb}", f"hydra.run.dir={tmp_path}/eval", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:]
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     trained = json.loads((runs["stsb"] / "metrics.json").read_text())
     assert evaluated["test/pearson"] == pytest.approx(trained["test/pearson"], abs=1e-5)
-    proc = run_cli("predict.py", f"ckpt_path={stsb}", "text='a sim sim dog\tthe sim sim cat'",
-                   f"hydra.run.dir={tmp_path}/predict", env=env)
+    proc = run_here("predict.py", f"ckpt_path={stsb}", "text='a sim sim dog\tthe sim sim cat'",
+                    f"hydra.run.dir={tmp_path}/predict", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.endswith("a sim sim dog\tthe sim sim cat"))
     float(line.split(":")[0])  # a score, not a class name
-    proc = run_cli("export.py", f"ckpt_path={stsb}", f"hydra.run.dir={tmp_path}/export", env=env)
+    proc = run_here("export.py", f"ckpt_path={stsb}", f"hydra.run.dir={tmp_path}/export", env=env)
     assert proc.returncode == 0 and (tmp_path / "export" / "model.safetensors").is_file(), proc.stdout[-3000:]
 
 

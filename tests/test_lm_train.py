@@ -14,7 +14,7 @@ from attnlab.cli.predict import predictor_for
 from attnlab.cli.training import train
 from attnlab.errors import UserError
 from attnlab.tasks.language_model import MaskedLM
-from conftest import FAST, compose_cfg, run_cli, real_data
+from conftest import FAST, compose_cfg, real_data, run_here
 
 SMALL = ["model.num_samples=1", *FAST]
 GPT = ["model.sample_tokens=20"]
@@ -111,12 +111,12 @@ def test_short_gpt_run_learns_shakespeare(trained_gpt):
 @pytest.mark.slow
 def test_predict_streams_text_from_the_checkpoint(small_gpt, log_env):
     ckpt = small_gpt / "checkpoints" / "last.ckpt"
-    out = run_cli("predict.py", f"ckpt_path={ckpt}", "prompt=ROMEO:", "max_new_tokens=80", "temperature=0.8",
-                  "top_k=200", "extras.print_config=false", env=log_env | {"OMP_NUM_THREADS": "1"})
+    out = run_here("predict.py", f"ckpt_path={ckpt}", "prompt=ROMEO:", "max_new_tokens=80", "temperature=0.8",
+                   "top_k=200", "extras.print_config=false", env=log_env | {"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:]
     text = out.stdout.split("ROMEO:", 1)[1].split("---------------")[0]
     assert len(text) >= 60 and sum(c.isalpha() for c in text) > 30
-    bad = run_cli("predict.py", f"ckpt_path={ckpt}", 'prompt="ROMEO: é"', "extras.print_config=false", env=log_env)
+    bad = run_here("predict.py", f"ckpt_path={ckpt}", 'prompt="ROMEO: é"', "extras.print_config=false", env=log_env)
     assert bad.returncode == 2
     assert "does not know: 'é'" in bad.stdout and "prompt=" in bad.stdout
 
@@ -229,12 +229,12 @@ def test_eval_on_other_text_reads_it_with_the_checkpoints_vocabulary(small_gpt, 
     text = tmp_path / "other.txt"
     text.write_text("all work and no play makes jack a dull boy\n" * 400)  # fewer characters than Shakespeare's
     ckpt = small_gpt / "checkpoints" / "last.ckpt"
-    out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false",
-                  f"hydra.run.dir={tmp_path}/eval", env=log_env, data_dir=small_data)
+    out = run_here("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false",
+                   f"hydra.run.dir={tmp_path}/eval", env=log_env, data_dir=small_data)
     assert out.returncode == 0, out.stdout[-2000:]
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/loss"] > 0
     text.write_text("all work and no play makes jack a dull boy \u20ac\n" * 400)
-    out = run_cli("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false", env=log_env,
-                  data_dir=small_data)
+    out = run_here("eval.py", f"ckpt_path={ckpt}", f"+data.files=[{text}]", "extras.print_config=false", env=log_env,
+                   data_dir=small_data)
     assert out.returncode == 2 and "characters the character tokenizer does not know: '\u20ac'" in out.stdout, \
         out.stdout[-2000:]

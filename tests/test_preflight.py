@@ -9,7 +9,7 @@ import time
 import pytest
 from lightning.pytorch.callbacks import Callback
 
-from conftest import FAST, compose_cfg, run_cli
+from conftest import FAST, compose_cfg, run_cli, run_here
 
 QUICK = ["trainer.max_epochs=-1", "trainer.limit_val_batches=4", "trainer.limit_test_batches=4",
          "trainer.val_check_interval=20", "trainer.check_val_every_n_epoch=null", "data.num_workers=0", *FAST]
@@ -41,8 +41,8 @@ def test_preflight_measures_the_run_and_its_duration_matches_the_real_run(tmp_pa
 
 @pytest.mark.slow
 def test_preflight_in_a_multirun_prints_one_line_per_job(tmp_path, log_env):
-    out = run_cli("train.py", "-m", "preflight=true", "preflight_steps=3", "optimizer.lr=1e-3,3e-3",
-                  "trainer.max_steps=50", *QUICK, env=log_env)
+    out = run_here("train.py", "-m", "preflight=true", "preflight_steps=3", "optimizer.lr=1e-3,3e-3",
+                   "trainer.max_steps=50", *QUICK, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
     lines = [line for line in out.stdout.splitlines() if "preflight job" in line]
     assert len(lines) == 2 and "optimizer.lr=0.003" in lines[1] or "optimizer.lr=3e-3" in lines[1], lines

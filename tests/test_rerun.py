@@ -11,7 +11,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import compose_cfg, run_cli
+from conftest import compose_cfg, run_cli, run_here
 
 TINY = ["trainer.max_epochs=2", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=2",
         "callbacks.progress_bar=null", "extras.print_config=false"]
@@ -49,12 +49,12 @@ def test_rerun_trains_the_same_config_again_into_a_new_folder_with_the_same_metr
 
 @pytest.mark.slow
 def test_rerun_of_a_sweep_job_reproduces_that_job(tmp_path, log_env):
-    sweep = run_cli("train.py", "-m", "seed=1,2", *TINY, env=log_env, timeout=400)
+    sweep = run_here("train.py", "-m", "seed=1,2", *TINY, env=log_env, timeout=400)
     assert sweep.returncode == 0, sweep.stdout[-2000:]
     job = next((tmp_path / "logs").rglob("multiruns/*/1"))
     record = json.loads((job / "lineage.json").read_text())
     assert record["sweep_command"].startswith("train.py -m seed=1,2 ") and "seed=2" in record["command"]
-    again = run_cli("train.py", "--rerun", str(job), env=log_env, timeout=300)
+    again = run_here("train.py", "--rerun", str(job), env=log_env, timeout=300)
     assert again.returncode == 0, again.stdout[-2000:]
     [new] = list((tmp_path / "logs").rglob("runs/*/metrics.json"))
     assert json.loads(new.read_text()) == json.loads((job / "metrics.json").read_text())
@@ -72,7 +72,7 @@ def test_rerun_refuses_what_it_cannot_do_in_one_paragraph(args, says, tmp_path, 
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("task_name: train\nseed: 1\nmodel: {lr: 1}\noptimizer: {lr: 1}\n")
-    out = run_cli("train.py", *[a.format(tmp=tmp_path, run=run) for a in args], env=log_env, timeout=120)
+    out = run_here("train.py", *[a.format(tmp=tmp_path, run=run) for a in args], env=log_env, timeout=120)
     assert out.returncode == 2 and says in out.stdout and "Traceback" not in out.stdout, out.stdout[-2000:]
 
 
@@ -81,7 +81,7 @@ def test_a_run_folder_records_the_accumulation_devices_and_precision_it_ran_with
     """global_batch_size decides the accumulation before anything is saved: config.yaml, the loggers'
     hyperparameters and lineage.json say what the run used, .hydra/config.yaml (what --rerun reads) what it asked;
     its rerun decides alike and trains alike."""
-    first = run_cli("train.py", *TINY, "global_batch_size=64", "data.batch_size=16", env=log_env, timeout=300)
+    first = run_here("train.py", *TINY, "global_batch_size=64", "data.batch_size=16", env=log_env, timeout=300)
     assert first.returncode == 0 and "accumulating gradients over 4 batches" in first.stdout, first.stdout[-2000:]
     [run] = _runs(tmp_path / "logs")
     for record in ("config.yaml", "csv/hparams.yaml"):
@@ -93,7 +93,7 @@ def test_a_run_folder_records_the_accumulation_devices_and_precision_it_ran_with
     assert ran | {"accelerator": "cpu"} == {"accelerator": "cpu", "devices": 1, "num_nodes": 1, "world_size": 1,
                                             "precision": "32-true", "accumulate_grad_batches": 4,
                                             "strategy": "SingleDeviceStrategy"}, ran
-    again = run_cli("train.py", "--rerun", str(run), env=log_env, timeout=300)
+    again = run_here("train.py", "--rerun", str(run), env=log_env, timeout=300)
     assert again.returncode == 0 and "rerun: trainer." not in again.stdout, again.stdout[-2000:]
     [new] = [r for r in _runs(tmp_path / "logs") if r != run]
     assert json.loads((new / "metrics.json").read_text()) == json.loads((run / "metrics.json").read_text())

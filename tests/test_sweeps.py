@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, compose_cfg, run_cli
+from conftest import ROOT, compose_cfg, run_cli, run_here
 
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 
@@ -66,7 +66,7 @@ def test_one_sweep_command_runs(tmp_path, log_env):
 
 
 def test_a_parameter_missing_from_the_config_is_refused(log_env):
-    out = run_cli("train.py", "optimizer.no_such_option=1", "debug=fdr", env=log_env)
+    out = run_here("train.py", "optimizer.no_such_option=1", "debug=fdr", env=log_env)
     assert out.returncode == 2 and "optimizer.no_such_option=1: optimizer=adamw (conf/optimizer/adamw.yaml) has no " \
                                    "key 'no_such_option'" in out.stdout, out.stdout[-2000:]
 

@@ -19,7 +19,7 @@ from attnlab.nn.decoding import beam_search, greedy
 from attnlab.nn.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.nn.transformer_seq2seq import TransformerSeq2Seq, TransformerSeq2SeqConfig
 from attnlab.tasks.translation import Translator, corpus_bleu
-from conftest import FAST, compose_cfg, run_cli, real_data, wandb_offline
+from conftest import FAST, compose_cfg, real_data, run_cli, run_here, wandb_offline
 
 PAD, BOS, EOS = 0, 2, 3
 V = 40
@@ -254,15 +254,15 @@ def test_translations_and_alignments_reach_wandb(small_run):
 def test_predict_translates_a_sentence_and_a_file(small_run, tmp_path, log_env):
     run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
-    out = run_cli("predict.py", f"ckpt_path={ckpt}", "text=Ein Mann fährt Fahrrad.", "extras.print_config=false",
-                  f"hydra.run.dir={tmp_path}/p1", env=log_env)
+    out = run_here("predict.py", f"ckpt_path={ckpt}", "text=Ein Mann fährt Fahrrad.", "extras.print_config=false",
+                   f"hydra.run.dir={tmp_path}/p1", env=log_env)
     assert out.returncode == 0, out.stdout[-2000:]
     lines = [line for line in out.stdout.splitlines() if line.strip() and not line.startswith("[")]
     assert lines and any(w in lines[-1] for w in ("man", "person", "a ")), out.stdout[-1000:]
     src = tmp_path / "in.de"
     src.write_text("Zwei Hunde spielen im Schnee.\nEine Frau singt.\nEin Kind schläft.\n", encoding="utf-8")
-    out = run_cli("predict.py", f"ckpt_path={ckpt}", f"input={src}", "decode.beam_size=1",
-                  "extras.print_config=false", f"hydra.run.dir={tmp_path}/p2", env=log_env)
+    out = run_here("predict.py", f"ckpt_path={ckpt}", f"input={src}", "decode.beam_size=1",
+                   "extras.print_config=false", f"hydra.run.dir={tmp_path}/p2", env=log_env)
     assert out.returncode == 0, out.stdout[-2000:]
     lines = [line for line in out.stdout.splitlines() if line.strip() and not line.startswith("[")]
     assert len(lines) == 3, out.stdout[-1000:]
@@ -272,8 +272,8 @@ def test_predict_translates_a_sentence_and_a_file(small_run, tmp_path, log_env):
 def test_eval_takes_decoding_settings(small_run, small_data, tmp_path, log_env):
     run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
-    out = run_cli("eval.py", f"ckpt_path={ckpt}", "split=val", "decode.val_beam_size=2", "trainer.limit_val_batches=1",
-                  "extras.print_config=false", f"hydra.run.dir={tmp_path}/e", env=log_env, data_dir=small_data)
+    out = run_here("eval.py", f"ckpt_path={ckpt}", "split=val", "decode.val_beam_size=2", "trainer.limit_val_batches=1",
+                   "extras.print_config=false", f"hydra.run.dir={tmp_path}/e", env=log_env, data_dir=small_data)
     assert out.returncode == 0, out.stdout[-2000:]
     assert "val BLEU" in out.stdout and "(beam 2," in out.stdout, out.stdout[-2000:]
 
@@ -282,8 +282,8 @@ def test_eval_takes_decoding_settings(small_run, small_data, tmp_path, log_env):
 def test_a_translation_checkpoint_is_refused_by_an_image_model(small_run, tmp_path, log_env):
     run_dir = small_run
     ckpt = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
-    out = run_cli("train.py", "model=vit", "data=digits", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path}/r",
-                  env=log_env)
+    out = run_here("train.py", "model=vit", "data=digits", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path}/r",
+                   env=log_env)
     assert out.returncode != 0
     assert "attnlab: error:" in out.stdout and "Translator" in out.stdout, out.stdout[-1500:]
 

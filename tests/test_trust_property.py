@@ -171,7 +171,7 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
     env = {"ATTNLAB_LOG_DIR": str(out / "logs"), "ATTNLAB_CACHE_DIR": str(out / "cache"),
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", SECRET_NAME: SECRET, PLAIN_NAME: PLAIN}
     cwd = out if kind == "outside_path" else out / "modules"
-    result = _run_in_process({"name": "drawn", "script": script, "args": args, "cwd": str(cwd),
+    result = entry_batch.run_here({"name": "drawn", "script": script, "args": args, "cwd": str(cwd),
                               "env": env})
     note = f"{place}/{kind}/{entry}/{name}: {result['output'][-3000:]}"
     assert not marker.exists(), note
@@ -187,22 +187,6 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
                 kind == "secret" and p.suffix == ".ckpt"):  # a checkpoint carries a file's own state on, as it is
             data_ = p.read_bytes()
             assert SECRET.encode() not in data_ and PLAIN.encode() not in data_, f"{p}: {note}"
-
-
-def _run_in_process(case: dict) -> dict:
-    """entry_batch's run of one command, this process's logging handlers (pytest's) kept."""
-    import logging
-
-    kept = {lg: list(lg.handlers) for lg in (logging.getLogger(), logging.getLogger("attnlab"))}
-    level = logging.getLogger().level
-    try:
-        return entry_batch.run(case)
-    finally:
-        for lg, handlers in kept.items():
-            for h in handlers:
-                if h not in lg.handlers:
-                    lg.addHandler(h)
-        logging.getLogger().setLevel(level)
 
 
 # the forms a path to the same place can take, as a restored state could give it to Lightning's removal
