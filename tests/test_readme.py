@@ -5,9 +5,10 @@ Commands marked [SLURM] or [multi-node] (and nothing else) run for real: sbatch,
 two-node SLURM cluster on this machine (tools/slurm-cluster.sh), apart from the block's other commands, and torchrun's
 agents side by side; those another test runs as the page shows them (ELSEWHERE) compose here. Commands marked [GPU], [ImageNet], [W&B account] or [network] need what this machine lacks:
 their configs are composed instead. `python train.py|eval.py|predict.py` runs in-process through the entry points'
-own functions (start-up would dominate otherwise); what only a new process has (`-m`, `--cfg`, `--config-dir`,
-benchmarks) runs in one. README.md is the front door: at most 300 lines; every relative link of these pages leads to
-a file (and heading) that exists."""
+own functions (start-up would dominate otherwise), and with Hydra's flags (`-m`, `--config-dir`, `--rerun`) through
+the script's own `main()`; `--cfg` (which imports no torch), `attnlab.compare` and the benchmarks run in new
+processes. README.md is the front door: at most 300 lines; every relative link of these pages leads to a file (and
+heading) that exists."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from omegaconf import OmegaConf, open_dict
 from PIL import Image
 
 from attnlab.config import CONF_DIR
-from conftest import ROOT
+from conftest import ROOT, run_here
 from fixtures import caption_pairs
 
 README = ROOT / "README.md"
@@ -318,10 +319,16 @@ class Runner:
             return self.compose(entry, [_first_choice(a) if sweep else a for a in args if a != "-m"])
         if "# refused" in cmd.text:  # shown to be refused: one paragraph and exit code 2, before any budget matters
             return self.in_process(entry, args, refused=True)
-        if any(a.startswith("-") for a in args):  # -m, --cfg, --config-dir: Hydra's own command line
-            extra = budget_args(entry, args)
-            return self.subprocess(["-m", f"attnlab.{entry}", *args, *extra], env_prefix)
+        if "--cfg" in args:  # Hydra prints the config, in a new process: the page says it imports no torch
+            return self.subprocess(["-m", f"attnlab.{entry}", *args], env_prefix)
+        if any(a.startswith("-") for a in args):  # -m, --rerun, --config-dir: the script's own main(), here
+            return self.main(entry, [*args, *budget_args(entry, args)], env_prefix)
         self.in_process(entry, args)
+
+    def main(self, entry: str, args: list[str], env_prefix: dict) -> None:
+        out = run_here(f"{entry}.py", *args, env=env_prefix, cwd=self.cwd, data_dir=self.data_dir)
+        assert out.returncode == 0, f"{entry}.py {' '.join(args)}\n{out.stdout[-4000:]}"
+        self.found_runs()
 
     def prepare(self, args: list[str]) -> None:
         """`python -m attnlab.data.prepare imagenet <dir> [--out <dir>]` (or `shards <dir> <out>`), in-process, its
@@ -382,6 +389,9 @@ class Runner:
         out = subprocess.run([sys.executable, *argv], cwd=self.cwd, env=os.environ | env_prefix,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
         assert out.returncode == 0, f"{' '.join(argv)}\n{out.stdout[-4000:]}"
+        self.found_runs()
+
+    def found_runs(self) -> None:
         runs = sorted(self.cwd.glob("logs/*/runs/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
         if runs:
             self.last_run = runs[-1].parents[1]
