@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from attnlab.compare import compare, main, show_diff
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_here
 
 QUICK = ["trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
          "trainer.limit_test_batches=2", "extras.print_config=false", "callbacks.progress_bar=null"]
@@ -24,7 +24,7 @@ def grid(tmp_path_factory):
     """logs/train/multiruns/<time>/{0,1,2,3}: seed=1,2 x optimizer.lr=1e-3,3e-3, and the multirun's output."""
     tmp = tmp_path_factory.mktemp("grid")
     env = {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache")}
-    out = run_cli("train.py", "-m", "data=digits", "seed=1,2", "optimizer.lr=1e-3,3e-3", *QUICK, env=env)
+    out = run_here("train.py", "-m", "data=digits", "seed=1,2", "optimizer.lr=1e-3,3e-3", *QUICK, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
     (sweep,) = (tmp / "logs" / "train" / "multiruns").iterdir()
     return sweep, out.stdout
@@ -263,7 +263,7 @@ def test_bad_folds_are_refused(small_data, tmp_path, folds, fold, message):
 @pytest.mark.slow
 def test_fold_multirun_prints_the_mean_over_folds(small_data, tmp_path):
     env = {"ATTNLAB_LOG_DIR": str(tmp_path / "logs"), "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
-    out = run_cli("train.py", "-m", "data=digits", "data.folds=3", "data.fold=range(3)", *QUICK, env=env)
+    out = run_here("train.py", "-m", "data=digits", "data.folds=3", "data.fold=range(3)", *QUICK, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "grouped by data.fold" in out.stdout and "0, 1, 2" in out.stdout
 

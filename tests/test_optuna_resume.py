@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import DATA_DIR, ROOT, run_cli
+from conftest import DATA_DIR, ROOT, run_cli, run_here
 from test_cli import QUICK
 
 optuna = pytest.importorskip("optuna")
@@ -81,7 +81,7 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
     assert rc == -signal.SIGKILL, second[-3000:]
     assert "Continuing Optuna study 'vit_digits'" in second and f"{len(first)} of {TRIALS} trials finished" in second
     # 3. and again, to the end
-    out = run_cli("train.py", *SWEEP, env=log_env)
+    out = run_here("train.py", *SWEEP, env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "was interrupted" in out.stdout
 
@@ -115,8 +115,8 @@ def test_a_stopped_optuna_sweep_continues_where_it_stopped(tmp_path, log_env):
         held = run_cli("train.py", *SWEEP, f"hydra.sweeper.n_trials={TRIALS + 1}", env=log_env)
     assert held.returncode != 0 and "Another sweep is running the Optuna study 'vit_digits'" in held.stdout
     assert "hydra.sweeper.study_name=<name>" in held.stdout and "Traceback" not in held.stdout
-    flipped = run_cli("train.py", *SWEEP, "hydra.sweeper.direction=minimize", f"hydra.sweeper.n_trials={TRIALS + 1}",
-                      env=log_env)
+    flipped = run_here("train.py", *SWEEP, "hydra.sweeper.direction=minimize", f"hydra.sweeper.n_trials={TRIALS + 1}",
+                       env=log_env)
     assert flipped.returncode != 0 and "was started to maximize" in flipped.stdout, flipped.stdout[-2000:]
     assert len(_study(logs).trials) == len(study.trials)  # nothing ran
 
@@ -195,10 +195,10 @@ def test_a_pruner_stops_hopeless_trials_and_they_count_as_pruned(tmp_path, log_e
     import optuna
 
     # a threshold no short run reaches: every trial is pruned at its first validation, and the sweep still ends
-    out = run_cli("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2",
-                  "hydra.sweeper.pruner={name: threshold, lower: 0.999}", "trainer.max_epochs=3",
-                  "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "extras.print_config=false",
-                  "callbacks.progress_bar=null", env=log_env)
+    out = run_here("train.py", "-m", "hparams_search=vit_digits_optuna", "hydra.sweeper.n_trials=2",
+                   "hydra.sweeper.pruner={name: threshold, lower: 0.999}", "trainer.max_epochs=3",
+                   "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "extras.print_config=false",
+                   "callbacks.progress_bar=null", env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
     db = tmp_path / "logs" / "train" / "optuna" / "vit_digits.db"
     study = optuna.load_study(study_name="vit_digits", storage=f"sqlite:///{db}")
