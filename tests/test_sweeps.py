@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, compose_cfg, run_cli, run_here
+from conftest import ROOT, compose_cfg, run_here
 
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 
@@ -61,7 +61,7 @@ def test_sweep_file_is_valid_and_composes(path: Path, tmp_path):
 def test_one_sweep_command_runs(tmp_path, log_env):
     sweep = yaml.safe_load((ROOT / "sweeps" / "vit_digits.yaml").read_text())
     args = command_line(sweep, sample(sweep["parameters"], random.Random(1)))
-    out = run_cli(args[0], *[a for a in args[1:] if not a.startswith("logger=")], "debug=fdr", env=log_env)
+    out = run_here(args[0], *[a for a in args[1:] if not a.startswith("logger=")], "debug=fdr", env=log_env)
     assert out.returncode == 0, out.stdout[-3000:]
 
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import entry_batch
 import hostile
-from conftest import run_cli
+from conftest import run_here
 
 EXAMPLES = int(os.environ.get("ATTNLAB_PROPERTY_EXAMPLES", "50"))
 SECRET_NAME, SECRET = "GITHUB_TOKEN", "prop-s3cret-51e7c2aa"
@@ -56,7 +56,7 @@ def own(tmp_path_factory):
     """One small real run of attnlab's, and its checkpoint as loaded."""
     tmp = tmp_path_factory.mktemp("trust_property")
     env = {"ATTNLAB_LOG_DIR": str(tmp / "logs"), "ATTNLAB_CACHE_DIR": str(tmp / "cache")}
-    out = run_cli("train.py", *hostile.SHORT, env=env)
+    out = run_here("train.py", *hostile.SHORT, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
     (run_dir,) = (tmp / "logs" / "train" / "runs").iterdir()
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
