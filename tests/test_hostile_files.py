@@ -62,6 +62,7 @@ def matrix(base, tmp_path_factory):
     return json.loads((out / "report.json").read_text()), made, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,entry", [(k, e) for k in hostile.MESSAGES for e in hostile.ENTRIES
                                         if e in hostile.ONLY.get(k, hostile.ENTRIES)])
 def test_every_entry_point_refuses_every_hostile_file(matrix, kind, entry):
@@ -83,6 +84,7 @@ def test_every_entry_point_refuses_every_hostile_file(matrix, kind, entry):
     assert "\n" not in message  # one paragraph
 
 
+@pytest.mark.slow
 def test_no_payload_ran(matrix):
     _, _, out = matrix
     assert not list((out / "markers").iterdir())

@@ -49,6 +49,7 @@ def _finish(proc: subprocess.Popen, out: Path, timeout: float = 300) -> tuple[in
         raise AssertionError(f"the sweep driver did not return within {timeout} s:\n{out.read_text()[-3000:]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accounting", [True, pytest.param(False, marks=pytest.mark.slurm_without_accounting)],
                          ids=["accounting", "no accounting"])
 def test_a_cancelled_job_is_one_line_and_the_others_are_gathered(accounting, slurm_cluster, tmp_path, log_env):
@@ -75,6 +76,7 @@ def test_a_cancelled_job_is_one_line_and_the_others_are_gathered(accounting, slu
         assert f"): {state}" in text
 
 
+@pytest.mark.slow
 def test_optuna_trials_run_as_separate_jobs_and_a_killed_driver_continues_the_study(slurm_cluster, tmp_path,
                                                                                       log_env):
     """docs/sweeps.md's Optuna sweep on SLURM as the page shows it (hydra.sweeper.n_jobs=2), with a median pruner:

@@ -100,6 +100,7 @@ class Merge(dict):
     """Keys put beside those of the node a value is placed in."""
 
 
+@pytest.mark.slow
 # no shrinking: a draw costs seconds, and the failure names its place, kind, entry point and name
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),
           phases=[Phase.explicit, Phase.reuse, Phase.generate], suppress_health_check=list(HealthCheck))
