@@ -173,7 +173,7 @@ def test_no_file_from_elsewhere_runs_code_touches_outside_or_writes_a_secret(own
            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", SECRET_NAME: SECRET, PLAIN_NAME: PLAIN}
     cwd = out if kind == "outside_path" else out / "modules"
     result = entry_batch.run_here({"name": "drawn", "script": script, "args": args, "cwd": str(cwd),
-                              "env": env})
+                                   "env": env})
     note = f"{place}/{kind}/{entry}/{name}: {result['output'][-3000:]}"
     assert not marker.exists(), note
     assert hostile.victim_state(out) == before, note
