@@ -143,6 +143,7 @@ def test_fast_precision_is_bf16_only_where_the_device_has_bf16_units(monkeypatch
     monkeypatch.setattr(config, "_cpu_has_bf16_units", lambda: False)
     assert config.fast_precision("cpu") == "32-true"  # emulated bf16 is slower than fp32
     assert config.fast_precision("mps") == "32-true"
+    monkeypatch.undo()  # the run below asks this machine's CPU
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     native = "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
     out = run_here("train.py", "experiment=bert_sst2_finetune", "--cfg", "job", "--resolve")
