@@ -152,6 +152,19 @@ def test_a_second_sigterm_or_one_during_a_long_step_stops_at_once_naming_the_las
     late.on_sigterm(15, None)
     assert exits == [143, 143]
 
+    # after SLURM's warning, the end it announced comes as two SIGTERMs (srun's and the step's): the warning's save
+    # goes on; a step stuck past the patience still stops at once
+    warned = SignalGuard(patience_s=30)
+    warned._trainer, warned.warned = SimpleNamespace(**vars(guard._trainer)), 10
+    warned._trainer._signal_connector = SimpleNamespace(received_sigterm=False)
+    warned.step_started = time.monotonic()
+    warned.on_sigterm(15, None)
+    warned.on_sigterm(15, None)
+    assert exits == [143, 143] and warned.received == 0 and not warned._trainer._signal_connector.received_sigterm
+    warned.step_started = time.monotonic() - 45
+    warned.on_sigterm(15, None)
+    assert exits == [143, 143, 143]
+
 
 def test_ckpt_path_refuses_a_checkpoint_of_another_optimizer_or_network_size(tmp_path):
     short = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false",

@@ -23,6 +23,11 @@ TABLE = [
     (Event.SIGTERM, JobState(step_s=45.0), ("stopped at once: SIGTERM while a step has run for 45 s", False, False,
                                             143, True)),
     (Event.SIGTERM_AGAIN, JobState(), ("stopped at once: a second SIGTERM", False, False, 143, True)),
+    # the time limit's SIGTERM (srun's and the step's) after its warning: the warning's save goes on
+    (Event.SIGTERM, JobState(step_s=1.0, warned=True), ("running", False, False, None, False)),
+    (Event.SIGTERM_AGAIN, JobState(step_s=1.0, warned=True), ("running", False, False, None, False)),
+    (Event.SIGTERM, JobState(step_s=45.0, warned=True), ("stopped at once: SIGTERM while a step has run for 45 s",
+                                                         False, False, 143, True)),
     (Event.WARNING, JobState(in_slurm=True, budget=2, cause=Cause.TIME_LIMIT, spent=1),
      ("requeued: time limit", True, True, 143, False)),
     (Event.WARNING, JobState(in_slurm=True, budget=2, cause=Cause.TIME_LIMIT, spent=2),
@@ -54,7 +59,7 @@ def test_the_stopped_status_is_the_one_the_process_exits_with():
 
 states = st.builds(JobState, in_slurm=st.booleans(), cause=st.none() | st.sampled_from(list(Cause)),
                    spent=st.integers(0, 6), budget=st.integers(0, 4), step_s=st.floats(0, 120),
-                   patience_s=st.floats(1, 60), detail=st.text(max_size=20))
+                   patience_s=st.floats(1, 60), detail=st.text(max_size=20), warned=st.booleans())
 
 
 @given(event=st.sampled_from(list(Event)), state=states)
@@ -78,5 +83,8 @@ def test_any_event_in_any_state(event, state):
     assert not (d.at_once and d.save)
     if event is Event.PEER_FAILED:
         assert d.end.outcome is Outcome.FAILED and not d.requeue
+    # after SLURM's warning, a SIGTERM stops only a step that has outrun the patience (the warning's save is under way)
+    if event in (Event.SIGTERM, Event.SIGTERM_AGAIN) and state.warned:
+        assert (d.exit_code is None) == (state.step_s < state.patience_s)
     # what the run writes is what the sweep driver reads back
     assert AttemptEnd.of(d.end.record()) == d.end and d.end.status

@@ -205,7 +205,7 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 JobRequeue=1
 ReturnToService=2
 EnforcePartLimits=ALL
-KillWait=10
+KillWait=30
 MinJobAge=60
 InactiveLimit=0
 Waittime=0

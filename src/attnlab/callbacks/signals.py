@@ -115,7 +115,8 @@ class SignalGuard(Callback):
                             "requeue, the job goes on to its end.\n".encode())
 
     def on_sigterm(self, signum, frame) -> None:
-        """SLURM's preemption (a PreemptTime) is a warning, any other SIGTERM stops; noted in the ledger at once."""
+        """SLURM's preemption (a PreemptTime) is a warning, the end a warning announced changes nothing while the step
+        runs, any other SIGTERM stops; noted in the ledger at once."""
         if self.ending:
             return
         if not self.received and self.warned is None and self.listening and being_preempted():
@@ -124,12 +125,14 @@ class SignalGuard(Callback):
             ledger_of(self._trainer).note(Cause.PREEMPTED, unless_said=True)
             self.on_warning(signum, frame)
             return
+        running = time.monotonic() - self.step_started if self.step_started is not None else 0.0
+        decision = decide(Event.SIGTERM_AGAIN if self.received else Event.SIGTERM,
+                          JobState(step_s=running, patience_s=self.patience_s, warned=self.warned is not None))
+        if decision.exit_code is None:
+            return
         if not self.received and self._trainer is not None:
             ledger_of(self._trainer).note(Cause.SIGTERM, unless_said=True)
         self.received += 1
-        running = time.monotonic() - self.step_started if self.step_started is not None else 0.0
-        decision = decide(Event.SIGTERM if self.received == 1 else Event.SIGTERM_AGAIN,
-                          JobState(step_s=running, patience_s=self.patience_s))
         if decision.at_once:
             self.stop_now(decision)
         elif self._trainer is not None and self._trainer.world_size == 1:  # several ranks: decide_together

@@ -9,6 +9,8 @@ What happens when...
   `launcher.max_num_timeout`; preemptions do not. Within the budget the job is requeued (through submitit's handler
   under launcher=slurm, else `scontrol requeue`) and continues from `last.ckpt` in its own folder; past it, or when
   SLURM refuses (`--no-requeue`, PreemptMode=CANCEL), it is not, and says why. Either way the attempt exits 143.
+  The SIGTERMs of the end the warning announced (srun's and the step's) leave the save to finish, unless a step has
+  run for `patience_s`.
 - **a job is killed (scancel, kill, Ctrl-C).** The first SIGTERM saves `last.ckpt` after the current step and exits
   143; a second one, or the first after a step has run for `patience_s`, ends the process at once, naming the last
   checkpoint. Nothing is requeued.

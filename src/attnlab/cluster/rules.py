@@ -33,6 +33,7 @@ class JobState:
     step_s: float = 0.0         # how long the current step has run
     patience_s: float = 30.0    # a first SIGTERM after a step has run this long stops at once
     detail: str = ""            # the failed rank, the reason of a stop at once
+    warned: bool = False        # SLURM's warning came: a SIGTERM now is the end it announced, not a new stop
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ def decide(event: Event, state: JobState) -> Decision:
             return Decision(AttemptEnd(Outcome.FAILED, Cause.PEER_LOST), exit_code=1, at_once=True,
                             forbid_requeue=True)
         return Decision(RUNNING)
+    if event in (Event.SIGTERM, Event.SIGTERM_AGAIN) and state.warned and state.step_s < state.patience_s:
+        return Decision(RUNNING)  # the warning's save goes on (srun and the step each pass the end's SIGTERM on)
     if event is Event.SIGTERM and state.step_s < state.patience_s:
         return Decision(AttemptEnd(Outcome.STOPPED, Cause.SIGTERM), save=True, exit_code=STOPPED_STATUS)
     if event in (Event.SIGTERM, Event.SIGTERM_AGAIN):
