@@ -9,6 +9,7 @@ import inspect
 from pathlib import Path
 
 import lightning as L
+import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import attnlab
@@ -143,3 +144,27 @@ def test_the_check_finds_a_private_import():
     source = ("from torch.utils._pytree import tree_leaves\nfrom lightning.x import _y\nimport a._b\n"
               "from hydra_plugins.attnlab_slurm_launcher._states import FINAL\nimport _codecs\nimport os.path\n")
     assert private_imports(source) == [(1, "torch.utils._pytree"), (2, "lightning.x._y"), (3, "a._b")]
+
+
+def test_a_rank_ending_on_purpose_is_not_killed_by_lightnings_observer():
+    """Lightning's launcher (`trainer=ddp_cpu`) watches the ranks it started and SIGKILLs rank 0 and every rank once
+    one ends non-zero. Once it is stood down, a rank that ends with 143 (stopped on a signal) leaves rank 0 alone."""
+    import subprocess
+    import sys
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    rank0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    rank1 = subprocess.Popen([sys.executable, "-c", "raise SystemExit(143)"])
+    try:
+        observer = _ChildProcessObserver(main_pid=rank0.pid, child_processes=[rank1], sleep_period=1.0)
+        observer.start()
+        compat.stand_down_rank_observer()
+        rank1.wait(10)
+        observer.join(10)
+        assert not observer.is_alive()
+        with pytest.raises(subprocess.TimeoutExpired):  # rank 0 lives on: not killed (a kill takes a moment)
+            rank0.wait(2)
+    finally:
+        rank0.kill()
+        rank0.wait()

@@ -22,7 +22,7 @@ from attnlab.cluster.outcome import AttemptEnd, Cause, Outcome
 from attnlab.cluster.rules import Decision, Event, JobState, decide
 from attnlab.cluster.slurm_job import (TIME_LIMIT, being_preempted, in_slurm_job, job_fields, scontrol_requeue,
                                      seconds_left, slurm_requeues)
-from attnlab.compat import stop_after_this_step
+from attnlab.compat import stand_down_rank_observer, stop_after_this_step
 from attnlab.cluster.submitit_bridge import submitit_handler, submitit_signals
 
 # SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
@@ -156,6 +156,7 @@ class SignalGuard(Callback):
         if not isinstance(exception, SIGTERMException):
             return
         exception.code = STOPPED
+        stand_down_rank_observer()  # every rank stops after this step and ends with STOPPED
         if self.warned is not None:
             self.save_last(trainer)
             self.requeue(trainer)
