@@ -142,7 +142,7 @@ def test_no_module_but_compat_imports_a_private_name():
 
 def test_the_check_finds_a_private_import():
     source = ("from torch.utils._pytree import tree_leaves\nfrom lightning.x import _y\nimport a._b\n"
-              "from hydra_plugins.attnlab_slurm_launcher._states import FINAL\nimport _codecs\nimport os.path\n")
+              "from hydra_plugins.attnlab_slurm_launcher.slurm_launcher import SlurmLauncher\nimport _codecs\nimport os.path\n")
     assert private_imports(source) == [(1, "torch.utils._pytree"), (2, "lightning.x._y"), (3, "a._b")]
 
 

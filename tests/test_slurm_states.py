@@ -1,4 +1,4 @@
-"""The sweep driver's view of one SLURM job (the state machine of hydra_plugins/attnlab_slurm_launcher/_states.py),
+"""The sweep driver's view of one SLURM job (the state machine of attnlab/cluster/sweep_states.py),
 property-based. Hypothesis draws a job's life: attempts requeued after a time limit, a lost node, a preemption or
 `scontrol requeue`, held or missing from the queue for a while, outages of the controller anywhere, accounting on
 or off, sacct's answer once the controller has forgotten the job, and a result file that shows before the end,
@@ -30,7 +30,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hydra_plugins.attnlab_slurm_launcher import _states as machine, slurm_launcher as sl
+from attnlab.cluster import slurm_queue, sweep_states as machine, sweep_watch as sl
 
 OUTAGE, MISSING = "OUTAGE", "MISSING"  # squeue fails; squeue answers without the job
 ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD"}
@@ -266,10 +266,11 @@ def follow(life: Life) -> tuple[sl.Watched, float, list[logging.LogRecord]]:
     """watch() of the driver on the life: the job as it ended, the fake time of the verdict, the job's lines."""
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         world = World(life, Path(folder))
-        for module, name, fake in [(sl, "_queue_states", world.squeue), (machine, "_sacct_state", world.sacct),
-                                   (machine, "_requeueable", world.requeueable),
-                                   (sl, "_accounting_on", lambda: life.accounting), (sl, "time", world.clock),
-                                   (machine, "time", world.clock), (sl, "QUEUE", sl._Queue())]:
+        for module, name, fake in [(slurm_queue, "queue_states", world.squeue), (slurm_queue, "sacct_state", world.sacct),
+                                   (slurm_queue, "requeueable", world.requeueable),
+                                   (slurm_queue, "accounting_on", lambda: life.accounting), (sl, "time", world.clock),
+                                   (machine, "time", world.clock), (slurm_queue, "time", world.clock),
+                                   (slurm_queue, "QUEUE", slurm_queue.SharedQueue())]:
             stack.enter_context(mock.patch.object(module, name, fake))
         records = stack.enter_context(lines())
         w = sl.Watched(world.job, 0, ["seed=0"], set())

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from attnlab.cluster.outcome import RUNNING, AttemptEnd, Cause, Outcome
-from hydra_plugins.attnlab_slurm_launcher import _states as machine, slurm_launcher as sl
+from attnlab.cluster import slurm_queue, sweep_states as machine, sweep_watch as sl
 
 LOST_REQUEUED = AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST)
 
@@ -35,14 +35,15 @@ def script(monkeypatch, answers: list, sacct: dict | None = None, on_poll=None):
         answer = answers[min(len(polls), len(answers)) - 1]
         return None if answer is None else {k: v for k, v in answer.items() if k in ids}
 
-    monkeypatch.setattr(sl, "_queue_states", queue_states)
-    monkeypatch.setattr(sl, "_accounting_on", lambda: sacct is not None)
-    monkeypatch.setattr(machine, "_sacct_state", lambda job_id: (sacct or {}).get(job_id))
-    monkeypatch.setattr(machine, "_requeueable", lambda job_id: None)  # scontrol says nothing of the Requeue flag
-    monkeypatch.setattr(sl, "QUEUE", sl._Queue())
+    monkeypatch.setattr(slurm_queue, "queue_states", queue_states)
+    monkeypatch.setattr(slurm_queue, "accounting_on", lambda: sacct is not None)
+    monkeypatch.setattr(slurm_queue, "sacct_state", lambda job_id: (sacct or {}).get(job_id))
+    monkeypatch.setattr(slurm_queue, "requeueable", lambda job_id: None)  # scontrol says nothing of the Requeue flag
+    monkeypatch.setattr(slurm_queue, "QUEUE", slurm_queue.SharedQueue())
     clock = FakeClock()
     monkeypatch.setattr(sl, "time", clock)
     monkeypatch.setattr(machine, "time", clock)
+    monkeypatch.setattr(slurm_queue, "time", clock)
     return polls
 
 
@@ -130,9 +131,9 @@ def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thre
     assert max(sl.time.slept) == machine.RESULT_LOOK_S  # looking for the result files between polls
 
     # two watching threads (an Optuna sweep's parallel trials), one squeue for both jobs a poll
-    queue = sl._Queue()
+    queue = slurm_queue.SharedQueue()
     calls = []
-    monkeypatch.setattr(sl, "_queue_states", lambda ids: calls.append(ids) or {i: ("RUNNING", "n1") for i in ids})
+    monkeypatch.setattr(slurm_queue, "queue_states", lambda ids: calls.append(ids) or {i: ("RUNNING", "n1") for i in ids})
     queue.follow(["61"])
     queue.follow(["62"])
     threads = [threading.Thread(target=queue.states, args=(60.0,)) for _ in range(4)]

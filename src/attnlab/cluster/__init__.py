@@ -21,5 +21,6 @@ What happens when...
 
 Every attempt of a SLURM job has one record in the run folder's ledger (`.requeues/<job>.<restart count>.json`),
 written before any requeue is asked for; the ranks count the budgets from the same files, whichever rank was lost.
-How an attempt ended is an `Outcome` (outcome.py) in the run's lineage, which the sweep driver reads.
+How an attempt ended is an `Outcome` (outcome.py) in the run's lineage, which the sweep driver of `launcher=slurm`
+reads (sweep_watch.py).
 """

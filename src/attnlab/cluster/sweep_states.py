@@ -1,6 +1,5 @@
 """The sweep driver's view of one SLURM job, as one state machine: `follow` is one poll's step, `ended` the verdict
-on a job the queue shows ended or no longer shows. (A module whose name starts with an underscore: Hydra's plugin
-scan does not import it on its own.)
+on a job the queue shows ended or no longer shows.
 
 A poll reads squeue's state of the job (an outage, squeue failing, teaches nothing and changes no state), sacct's
 while the job is missing, the run's result file, and scontrol's Requeue flag while a requeue may come. An ended job
@@ -25,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobStatus
-from hydra_plugins.attnlab_slurm_launcher._queries import Queued, _requeueable, _sacct_state
+from attnlab.cluster import slurm_queue
+from attnlab.cluster.slurm_queue import Queued
 
 POLL_S = 2.0  # the first interval between polls; it grows by half while nothing changes, up to POLL_MAX_S
 POLL_MAX_S = 30.0
@@ -111,7 +111,7 @@ def ended(w: Any, accounting: bool, queue_state: str | None, report: Callable[[A
     if verdict is not None:
         return verdict
     if queue_state is None and accounting:
-        queue_state = _sacct_state(w.id)
+        queue_state = slurm_queue.sacct_state(w.id)
         queue_state = queue_state if queue_state in FINAL else None
     w.ended_as = end = queue_state or w.ended_as  # what the controller said last stands while it says nothing
     now = time.monotonic()
@@ -119,7 +119,7 @@ def ended(w: Any, accounting: bool, queue_state: str | None, report: Callable[[A
         return "GONE" if waited(w, "result", RESULT_GRACE_S, now) else None
     if end in MAYBE_REQUEUED:  # SLURM may requeue it: said once, final when it stays so
         w.started = True  # an attempt ran: back in the queue, it was requeued
-        if waited(w, "requeue", REQUEUE_GRACE_S, now) or _requeueable(w.id) is False:
+        if waited(w, "requeue", REQUEUE_GRACE_S, now) or slurm_queue.requeueable(w.id) is False:
             return end
         if w.state != f"{end} (SLURM may requeue it)":
             w.state = f"{end} (SLURM may requeue it)"

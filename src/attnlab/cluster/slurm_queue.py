@@ -1,10 +1,13 @@
-"""What the sweep driver asks SLURM's controller (squeue) and accounting (sacct), as plain functions. A module
-whose name starts with an underscore: Hydra's plugin scan does not import it on its own."""
+"""What the sweep driver asks SLURM's controller (squeue, scontrol) and accounting (sacct), as plain functions, and
+the one squeue a poll that every thread of a sweep shares (`QUEUE`)."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import threading
+import time
+from collections import Counter
 from typing import NamedTuple
 
 
@@ -18,7 +21,7 @@ class Queued(NamedTuple):
     began: str = ""
 
 
-def _ask(*command: str) -> subprocess.CompletedProcess | None:
+def ask(*command: str) -> subprocess.CompletedProcess | None:
     """A SLURM command's answer (text), or None when it cannot be run or does not answer within 30 s."""
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=30)
@@ -26,12 +29,12 @@ def _ask(*command: str) -> subprocess.CompletedProcess | None:
         return None
 
 
-def _queue_states(ids: list[str]) -> dict[str, Queued] | None:
+def queue_states(ids: list[str]) -> dict[str, Queued] | None:
     """{job id: Queued(state, nodes, began)} of the jobs the controller still knows (squeue, any state); None when
     squeue fails (the controller down or restarting: the jobs' states are unknown, not gone)."""
     if not ids:
         return {}
-    out = _ask("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(ids))
+    out = ask("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(ids))
     if out is None:
         return None
     if out.returncode != 0:
@@ -49,29 +52,60 @@ def _queue_states(ids: list[str]) -> dict[str, Queued] | None:
 def _one_by_one(ids: list[str]) -> dict[str, Queued] | None:
     states: dict[str, Queued] = {}
     for job_id in ids:
-        found = _queue_states([job_id])
+        found = queue_states([job_id])
         if found is None:
             return None
         states |= found
     return states
 
 
-def _accounting_on() -> bool:
-    out = _ask("sacct", "-n", "-X", "-j", "1")
+def accounting_on() -> bool:
+    out = ask("sacct", "-n", "-X", "-j", "1")
     return out is not None and out.returncode == 0
 
 
-def _sacct_state(job_id: str) -> str | None:
-    out = _ask("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id)
+def sacct_state(job_id: str) -> str | None:
+    out = ask("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id)
     states = out.stdout.split() if out is not None else []
     return states[0] if states else None
 
 
-def _requeueable(job_id: str) -> bool | None:
+def requeueable(job_id: str) -> bool | None:
     """Whether SLURM may still run the job again: False once its Requeue flag is 0 (made non-requeueable when its
     budget of requeues was spent, `--no-requeue`, a site's JobRequeue=0), which neither SLURM's own requeue (a node
     failure, a preemption) nor `scontrol requeue` gets past; None where scontrol cannot say (the controller has
     forgotten the job, or does not answer)."""
-    out = _ask("scontrol", "-o", "show", "job", job_id)
+    out = ask("scontrol", "-o", "show", "job", job_id)
     found = re.search(r"(?:^|\s)Requeue=(\d+)", out.stdout) if out is not None and out.returncode == 0 else None
     return None if found is None else found[1] != "0"
+
+
+class SharedQueue:
+    """squeue for every job the driver follows, one query a poll however many threads watch (an Optuna sweep's
+    parallel trials each launch from a thread of their own)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.followed: Counter[str] = Counter()  # job id -> how many threads follow it
+        self.answer: dict[str, tuple[str, str]] | None = None
+        self.asked_at = float("-inf")
+
+    def follow(self, ids: list[str]) -> None:
+        with self.lock:
+            self.followed.update(ids)
+            self.asked_at = float("-inf")  # new jobs: the next poll asks
+
+    def forget(self, ids: list[str]) -> None:
+        with self.lock:
+            self.followed -= Counter(ids)  # a job no thread follows any more is dropped
+
+    def states(self, interval: float) -> dict[str, tuple[str, str]] | None:
+        """{job id: (state, nodes)} of the followed jobs the controller knows; None when it did not answer. An
+        answer younger than most of `interval` is shared."""
+        with self.lock:
+            if time.monotonic() - self.asked_at >= 0.9 * interval:
+                self.answer, self.asked_at = queue_states(sorted(self.followed)), time.monotonic()
+            return self.answer
+
+
+QUEUE = SharedQueue()
