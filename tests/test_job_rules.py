@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlab.cluster.outcome import COUNTED, AttemptEnd, Cause, Outcome
-from attnlab.cluster.rules import STOPPED_STATUS, Decision, Event, JobState, decide
+from attnlab.cluster.rules import (STOPPED_STATUS, WARNING_SLACK_S, Decision, Event, JobState, decide,
+                                   warning_cause)
 from attnlab.cluster.exit import STOPPED
 
 SLURM = JobState(in_slurm=True, budget=2)
@@ -88,3 +89,38 @@ def test_any_event_in_any_state(event, state):
         assert (d.exit_code is None) == (state.step_s < state.patience_s)
     # what the run writes is what the sweep driver reads back
     assert AttemptEnd.of(d.end.record()) == d.end and d.end.status
+
+
+# (preempting, under submitit, seconds left, lead, submitit's judgement) -> why SLURM warned
+CAUSES = [
+    ((True, True, 30.0, 120.0, True), Cause.PREEMPTED),  # SLURM is preempting it: whatever the clock says
+    ((False, False, 30.0, 120.0, True), Cause.SLURM_WARNING),  # a batch script of one's own
+    ((False, True, 100.0, 120.0, False), Cause.TIME_LIMIT),  # within the lead of its end
+    ((False, True, 120.0 + WARNING_SLACK_S, 120.0, False), Cause.TIME_LIMIT),  # SLURM's early signal, within slack
+    ((False, True, 3600.0, 120.0, True), Cause.PREEMPTED),  # an hour before its end: a preemption
+    ((False, True, None, 120.0, True), Cause.TIME_LIMIT),  # no end time known: submitit's judgement
+    ((False, True, 100.0, None, False), Cause.PREEMPTED),  # no lead known: submitit's judgement
+]
+
+
+@pytest.mark.parametrize("given_, expected", CAUSES)
+def test_why_slurm_warned(given_, expected):
+    preempting, under_submitit, left, lead, timed_out = given_
+    assert warning_cause(preempting, under_submitit, left, lead, lambda: timed_out) is expected
+
+
+@given(preempting=st.booleans(), under_submitit=st.booleans(), left=st.none() | st.floats(-600, 7200),
+       lead=st.none() | st.floats(0, 600), timed_out=st.booleans())
+def test_why_slurm_warned_for_any_clock(preempting, under_submitit, left, lead, timed_out):
+    asked = []
+    cause = warning_cause(preempting, under_submitit, left, lead, lambda: asked.append(1) or timed_out)
+    if preempting:
+        assert cause is Cause.PREEMPTED
+    elif not under_submitit:
+        assert cause is Cause.SLURM_WARNING
+    elif left is not None and lead is not None:  # the job's own end time decides, submitit is not asked
+        assert (cause is Cause.TIME_LIMIT) == (left <= lead + WARNING_SLACK_S) and not asked
+    else:
+        assert cause is (Cause.TIME_LIMIT if timed_out else Cause.PREEMPTED) and asked == [1]
+    assert asked in ([], [1])
+

@@ -19,15 +19,11 @@ from attnlab.callbacks.run_metadata import RunMetadata, ledger_of, record_end, r
 from attnlab.cluster import submitit_bridge
 from attnlab.cluster.exit import STOPPED
 from attnlab.cluster.outcome import AttemptEnd, Cause, Outcome
-from attnlab.cluster.rules import Decision, Event, JobState, decide
+from attnlab.cluster.rules import Decision, Event, JobState, decide, warning_cause
 from attnlab.cluster.slurm_job import (TIME_LIMIT, being_preempted, in_slurm_job, job_fields, scontrol_requeue,
                                      seconds_left, slurm_requeues)
 from attnlab.compat import stand_down_rank_observer, stop_after_this_step
 from attnlab.cluster.submitit_bridge import submitit_handler, submitit_signals
-
-# SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
-# job's lead and this much of its end time is its time limit's
-WARNING_SLACK_S = 90.0
 
 
 
@@ -194,20 +190,15 @@ class SignalGuard(Callback):
                     f"{STOPPED} (not finished).\n".encode())
 
     def cause(self, trainer, fields: dict[str, str]) -> Cause:
-        """Why SLURM warned (`fields`: scontrol show job): a preemption when SLURM is preempting the job; outside
-        submitit, SLURM's warning; else a time limit when the warning came within the launcher's `signal_delay_s`
-        (plus WARNING_SLACK_S) of the job's end, a preemption otherwise (submitit's judgement where either is
-        unknown)."""
-        if self.preempted or being_preempted(fields):
-            return Cause.PREEMPTED
-        if self._submitit is None:
-            return Cause.SLURM_WARNING
+        """Why SLURM warned (`fields`: scontrol show job), as cluster/rules.warning_cause tells it."""
         launcher = (getattr(RunMetadata.of(trainer), "lineage", None) or {}).get("launcher") or {}
-        left = seconds_left(fields, self.warned_at or time.time())
         try:
-            return Cause.TIME_LIMIT if left <= float(launcher["signal_delay_s"]) + WARNING_SLACK_S else Cause.PREEMPTED
-        except (KeyError, TypeError, ValueError):  # no end time or lead known: submitit's judgement by time run
-            return Cause.TIME_LIMIT if self._submitit.has_timed_out() else Cause.PREEMPTED
+            lead = float(launcher["signal_delay_s"])
+        except (KeyError, TypeError, ValueError):
+            lead = None
+        return warning_cause(self.preempted or being_preempted(fields), under_submitit=self._submitit is not None,
+                             left_s=seconds_left(fields, self.warned_at or time.time()), lead_s=lead,
+                             timed_out=lambda: self._submitit.has_timed_out())
 
     def ask_requeue(self, trainer, cause: Cause) -> tuple[AttemptEnd, str]:
         """Note the requeue in the ledger and ask for it, within the budget of time limits (cluster/rules.py): (how

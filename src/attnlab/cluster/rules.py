@@ -1,16 +1,21 @@
-"""The rules of a job's life, as one pure function: `decide(event, state) -> Decision`. Whether to save, whether to
-ask for a requeue, how the attempt ends and with which exit status. It reads no clock, no file and no signal. The
-callbacks gather the state (the ledger's counts, what SLURM says) and carry the decision out.
+"""The rules of a job's life, as pure functions: `decide(event, state) -> Decision` (whether to save, whether to
+ask for a requeue, how the attempt ends and with which exit status), and `warning_cause` (why SLURM warned: a time
+limit, a preemption). They read no clock, no file and no signal. The callbacks gather the state (the ledger's
+counts, what SLURM says) and carry the decision out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 from attnlab.cluster.outcome import COUNTED, FINISHED, RUNNING, AttemptEnd, Cause, Outcome
 
 STOPPED_STATUS = 143  # 128 + SIGTERM: a run stopped by a signal, not finished (cluster/exit.py's STOPPED)
+# SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
+# job's lead and this much of its end time is its time limit's
+WARNING_SLACK_S = 90.0
 
 
 class Event(Enum):
@@ -81,3 +86,18 @@ def decide(event: Event, state: JobState) -> Decision:
         return Decision(AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST), requeue=True, exit_code=STOPPED_STATUS,
                         at_once=True)
     raise ValueError(event)
+
+
+def warning_cause(preempting: bool, under_submitit: bool, left_s: float | None, lead_s: float | None,
+                  timed_out: Callable[[], bool]) -> Cause:
+    """Why SLURM warned: preempted while SLURM is preempting the job (`scontrol show job`'s PreemptTime); in a batch
+    script of one's own (not `under_submitit`), SLURM's warning; else the time limit when the warning came within the
+    job's lead (`lead_s`, launcher.signal_delay_s) plus WARNING_SLACK_S of its end (`left_s`), preempted otherwise;
+    where either is not known, submitit's judgement by the time the job has run (`timed_out()`, asked only then)."""
+    if preempting:
+        return Cause.PREEMPTED
+    if not under_submitit:
+        return Cause.SLURM_WARNING
+    if left_s is None or lead_s is None:
+        return Cause.TIME_LIMIT if timed_out() else Cause.PREEMPTED
+    return Cause.TIME_LIMIT if left_s <= lead_s + WARNING_SLACK_S else Cause.PREEMPTED
