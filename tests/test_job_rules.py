@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlab.cluster.outcome import COUNTED, AttemptEnd, Cause, Outcome
-from attnlab.cluster.rules import (STOPPED_STATUS, WARNING_SLACK_S, Decision, Event, JobState, decide,
-                                   warning_cause)
+from attnlab.cluster.rules import (LOST_MARKS, STOPPED_STATUS, WARNING_SLACK_S, Decision, Event, JobState, decide,
+                                   lost_peer, warning_cause)
 from attnlab.cluster.exit import STOPPED
 
 SLURM = JobState(in_slurm=True, budget=2)
@@ -123,4 +123,46 @@ def test_why_slurm_warned_for_any_clock(preempting, under_submitit, left, lead, 
     else:
         assert cause is (Cause.TIME_LIMIT if timed_out else Cause.PREEMPTED) and asked == [1]
     assert asked in ([], [1])
+
+
+def _raised_from(error: BaseException, cause: BaseException) -> BaseException:
+    try:
+        raise error from cause
+    except BaseException as e:
+        return e
+
+
+def _lost_errors():
+    import torch.distributed as dist
+
+    return [
+        (dist.DistNetworkError("Connection reset by peer"), True),  # torch's own types of a broken collective
+        (dist.DistBackendError("NCCL communicator was aborted on rank 0"), True),
+        (dist.DistStoreError("Socket Timeout"), True),
+        (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                      "[10.0.0.2]:29500"), True),
+        (RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network "
+                      "error, NCCL version 2.21.5: nccl error"), True),
+        # the error a run raises from the broken collective
+        (_raised_from(RuntimeError("loss is nan"), RuntimeError("[gloo] Broken pipe")), True),
+        # a rank's own error: its peers are told it failed, not that it was lost
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+        (ValueError("gloo: connection reset by peer"), False),  # not the backend's error type
+        (RuntimeError("the connection to the W&B server timed out"), False),  # no backend named
+        (RuntimeError("[gloo] mismatched tensor shapes in allreduce"), False),  # the backend, but no peer gone
+    ]
+
+
+def test_a_lost_peer_is_told_from_a_rank_s_own_error():
+    for error, lost in _lost_errors():
+        assert lost_peer(error) is lost, error
+
+
+@given(before=st.text(max_size=30), after=st.text(max_size=30), backend=st.sampled_from(["gloo", "NCCL", "c10d"]),
+       mark=st.sampled_from(LOST_MARKS), upper=st.booleans())
+def test_a_backend_naming_a_peer_gone_is_a_lost_peer_in_any_words_around(before, after, backend, mark, upper):
+    text = f"{before}[{backend}] {mark.upper() if upper else mark}{after}"
+    assert lost_peer(RuntimeError(text))
+    assert lost_peer(_raised_from(KeyError("step"), RuntimeError(text)))
+    assert not lost_peer(ValueError(text))  # only the backends' RuntimeError (or their own types) say it
 

@@ -18,32 +18,15 @@ from attnlab.callbacks.run_metadata import RunMetadata, ledger_of, record_end, r
 from attnlab.callbacks.signals import SignalGuard
 from attnlab.cluster.launch import current_launch
 from attnlab.cluster.outcome import Cause
-from attnlab.cluster.rules import Decision, Event, JobState, decide
+from attnlab.cluster.rules import Decision, Event, JobState, decide, lost_peer
 from attnlab.cluster.slurm_job import LOST, RUNNING, forbid_requeue, in_slurm_job
-from attnlab.errors import causes
 from attnlab.utils import atomic, env
 
-# what torch's backends say when the other end of a collective went away
-LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken pipe", "communicator was aborted",
-              "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
 # said where the job could not be made non-requeueable
 NOT_HELD = " (SLURM may still requeue it on a node failure: scontrol update Requeue=0 was refused)"
 # how long a surviving rank waits for a failed peer's note before it calls the peer lost (longer where a shared file
 # system is slow to show a file written on another node)
 NOTE_WAIT_ENV, NOTE_WAIT_S = "ATTNLAB_PEER_NOTE_WAIT_S", 10.0
-LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
-
-
-
-def lost_peer(error: BaseException) -> bool:
-    """Whether `error` (or one it was raised from) is a collective's report that another rank went away."""
-    for e in causes(error):
-        text = str(e).lower()
-        if type(e).__name__ in LOST_TYPES or (
-                isinstance(e, RuntimeError) and ("gloo" in text or "nccl" in text or "c10d" in text)
-                and any(mark in text for mark in LOST_MARKS)):
-            return True
-    return False
 
 
 class PeerWatch(Callback):

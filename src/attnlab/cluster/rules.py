@@ -1,7 +1,8 @@
 """The rules of a job's life, as pure functions: `decide(event, state) -> Decision` (whether to save, whether to
-ask for a requeue, how the attempt ends and with which exit status), and `warning_cause` (why SLURM warned: a time
-limit, a preemption). They read no clock, no file and no signal. The callbacks gather the state (the ledger's
-counts, what SLURM says) and carry the decision out.
+ask for a requeue, how the attempt ends and with which exit status), `warning_cause` (why SLURM warned: a time
+limit, a preemption) and `lost_peer` (whether an error is a collective's report of a rank gone away). They read no
+clock, no file and no signal. The callbacks gather the state (the ledger's counts, what SLURM says) and carry the
+decision out.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from dataclasses import dataclass
 from enum import Enum
 
 from attnlab.cluster.outcome import COUNTED, FINISHED, RUNNING, AttemptEnd, Cause, Outcome
+from attnlab.errors import causes
 
 STOPPED_STATUS = 143  # 128 + SIGTERM: a run stopped by a signal, not finished (cluster/exit.py's STOPPED)
 # SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
 # job's lead and this much of its end time is its time limit's
 WARNING_SLACK_S = 90.0
+# what torch's backends say when the other end of a collective went away
+LOST_MARKS = ("connection reset by peer", "connection closed by peer", "broken pipe", "communicator was aborted",
+              "connection refused", "socket timeout", "no route to host", "timed out", "nccl error", "rank dead")
+LOST_TYPES = ("DistNetworkError", "DistBackendError", "DistStoreError")
 
 
 class Event(Enum):
@@ -101,3 +107,14 @@ def warning_cause(preempting: bool, under_submitit: bool, left_s: float | None, 
     if left_s is None or lead_s is None:
         return Cause.TIME_LIMIT if timed_out() else Cause.PREEMPTED
     return Cause.TIME_LIMIT if left_s <= lead_s + WARNING_SLACK_S else Cause.PREEMPTED
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error` (or one it was raised from) is a collective's report that another rank went away."""
+    for e in causes(error):
+        text = str(e).lower()
+        if type(e).__name__ in LOST_TYPES or (
+                isinstance(e, RuntimeError) and ("gloo" in text or "nccl" in text or "c10d" in text)
+                and any(mark in text for mark in LOST_MARKS)):
+            return True
+    return False
