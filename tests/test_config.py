@@ -186,7 +186,7 @@ def test_a_target_named_before_the_data_modules_moved_still_builds():
     from hydra.utils import get_object
 
     from attnlab.checkpoints import trust
-    from attnlab.config import MOVED_MODULES, current_target
+    from attnlab.checkpoints.trust import MOVED_MODULES, current_target
 
     for old, new in MOVED_MODULES.items():
         module = importlib.import_module(new)

@@ -16,44 +16,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
-from attnlab.settings import PLATFORM_KEYS  # also imported from here by users (docs/your-code.md)
-
-# the configs: conf/ at the repository's top level in a checkout (and an editable install), attnlab/conf inside an
-# installed wheel (pyproject.toml ships conf/ there)
-_PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
-CONF_DIR = _PACKAGED_CONF if _PACKAGED_CONF.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-
-
-# what moved, by the names that configs and checkpoints written before the move give it: classes by their whole
-# `_target_`, modules (attnlab.data's flat modules, now in subpackages by what they hold) by their dotted path
-MOVED_TARGETS = {f"attnlab.data.segmentation.{name}": f"attnlab.data.segmentation.benchmarks.{name}"
-                 for name in ("ADE20KDataModule", "VOCDataModule")}
-MOVED_MODULES = {f"attnlab.data.{old}": f"attnlab.data.{new}" for old, new in (
-    ("cifar", "images.cifar"), ("digits", "images.digits"), ("mnist", "images.mnist"),
-    ("imagefolder", "images.imagefolder"), ("imagenet", "images.imagenet"), ("images", "images.base"),
-    ("transforms", "images.transforms"), ("file_transforms", "images.file_transforms"),
-    ("warp_ops", "images.warp_ops"), ("device_decode", "images.device_decode"),
-    ("text", "text.corpus"), ("text_sources", "text.sources"), ("token_arrays", "text.token_arrays"),
-    ("tokenizers", "text.tokenizers"), ("lm_datasets", "text.lm_datasets"),
-    ("text_classification", "text.classification"), ("glue", "text.glue"),
-    ("translation", "translation.datamodule"), ("parallel_text", "translation.parallel_text"),
-    ("parallel_sets", "translation.parallel_sets"),
-    ("segmentation", "segmentation.datamodule"), ("seg_transforms", "segmentation.transforms"),
-    ("seg_benchmarks", "segmentation.benchmarks"),
-    ("shards", "formats.shards"), ("shard_format", "formats.shard_format"), ("shard_loader", "formats.shard_loader"),
-    ("imagenet_archives", "formats.imagenet_archives"), ("imagenet_prepare", "formats.imagenet_prepare"))}
-
-
-def current_target(target: str) -> str:
-    """The current name of a `_target_` that MOVED_TARGETS or MOVED_MODULES maps; any other name is returned as is."""
-    target = str(target)
-    if target in MOVED_TARGETS:
-        return MOVED_TARGETS[target]
-    if any(target.startswith(now + ".") for now in MOVED_MODULES.values()):
-        return target
-    module = max((m for m in MOVED_MODULES if target.startswith(m + ".")), key=len, default=None)
-    return target if module is None else MOVED_MODULES[module] + target[len(module):]
-
+from attnlab.checkpoints.trust import current_target
+# CONF_DIR and PLATFORM_KEYS are also imported from here by users (docs/your-code.md)
+from attnlab.settings import CONF_DIR, PLATFORM_KEYS  # noqa: F401
 
 def prepare(cfg: DictConfig) -> None:
     """Prepare a composed config in place: import the user's modules, rename moved `_target_`s, fill in the platform

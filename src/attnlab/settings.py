@@ -1,7 +1,7 @@
 """The platform's own settings, declared once with their types and defaults: the platform keys of a config group's
 node, attnlab's and not its constructor's (`ModelKeys`, `OptimizerKeys`, `DataKeys`: a node that leaves one out gets
 its default, and they are taken off before it is instantiated unless its constructor names them), and the entry
-configs' own top-level keys (`RunSettings`).
+configs' own top-level keys (`RunSettings`); and where the packaged configs are (`CONF_DIR`).
 
 Nothing here imports torch, so `train.py --help` stays fast.
 """
@@ -11,11 +11,17 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import Interval
 
 from attnlab.types import DecodeSettings, NonNegativeFloat, PositiveInt, UnitInterval
+
+# the configs: conf/ at the repository's top level in a checkout (and an editable install), attnlab/conf inside an
+# installed wheel (pyproject.toml ships conf/ there)
+_PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
+CONF_DIR = _PACKAGED_CONF if _PACKAGED_CONF.is_dir() else Path(__file__).resolve().parents[2] / "conf"
 
 
 # ---- the platform keys of each config group

@@ -3,7 +3,8 @@ import and build, decided by `decide`: a module only if it is attnlab's own or i
 callable only if the table of what attnlab's and the user's config folders name holds it (`buildable`), the command's
 own config gives it at the same key, or a module of its `extras.imports` defines it. A file's interpolations may read
 only the environment variables attnlab's packaged configs read. `trust_checkpoint=true`, read from the command's own
-config and never from a file, lifts all of it.
+config and never from a file, lifts all of it. A `_target_` that moved is read under its current name
+(`current_target`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,36 @@ _ENV = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]*)")
 HPARAMS = {"hyper_parameters": "model", "hparams": "model", "module_arguments": "model",
            "datamodule_hyper_parameters": "data"}
 _OWN_NODES = ("optimizer", "scheduler")
+
+# what moved, by the names that configs and checkpoints written before the move give it: classes by their whole
+# `_target_`, modules (attnlab.data's flat modules, now in subpackages by what they hold) by their dotted path
+MOVED_TARGETS = {f"attnlab.data.segmentation.{name}": f"attnlab.data.segmentation.benchmarks.{name}"
+                 for name in ("ADE20KDataModule", "VOCDataModule")}
+MOVED_MODULES = {f"attnlab.data.{old}": f"attnlab.data.{new}" for old, new in (
+    ("cifar", "images.cifar"), ("digits", "images.digits"), ("mnist", "images.mnist"),
+    ("imagefolder", "images.imagefolder"), ("imagenet", "images.imagenet"), ("images", "images.base"),
+    ("transforms", "images.transforms"), ("file_transforms", "images.file_transforms"),
+    ("warp_ops", "images.warp_ops"), ("device_decode", "images.device_decode"),
+    ("text", "text.corpus"), ("text_sources", "text.sources"), ("token_arrays", "text.token_arrays"),
+    ("tokenizers", "text.tokenizers"), ("lm_datasets", "text.lm_datasets"),
+    ("text_classification", "text.classification"), ("glue", "text.glue"),
+    ("translation", "translation.datamodule"), ("parallel_text", "translation.parallel_text"),
+    ("parallel_sets", "translation.parallel_sets"),
+    ("segmentation", "segmentation.datamodule"), ("seg_transforms", "segmentation.transforms"),
+    ("seg_benchmarks", "segmentation.benchmarks"),
+    ("shards", "formats.shards"), ("shard_format", "formats.shard_format"), ("shard_loader", "formats.shard_loader"),
+    ("imagenet_archives", "formats.imagenet_archives"), ("imagenet_prepare", "formats.imagenet_prepare"))}
+
+
+def current_target(target: str) -> str:
+    """The current name of a `_target_` that MOVED_TARGETS or MOVED_MODULES maps; any other name is returned as is."""
+    target = str(target)
+    if target in MOVED_TARGETS:
+        return MOVED_TARGETS[target]
+    if any(target.startswith(now + ".") for now in MOVED_MODULES.values()):
+        return target
+    module = max((m for m in MOVED_MODULES if target.startswith(m + ".")), key=len, default=None)
+    return target if module is None else MOVED_MODULES[module] + target[len(module):]
 
 
 @dataclass
@@ -146,7 +177,7 @@ def _config_folders() -> list[str]:
     """attnlab's packaged configs, and the config folders this command composes from."""
     from hydra.core.hydra_config import HydraConfig
 
-    from attnlab.config import CONF_DIR
+    from attnlab.settings import CONF_DIR
 
     folders = [str(CONF_DIR)]
     hydra = HydraConfig.get() if HydraConfig.initialized() else None
@@ -159,8 +190,6 @@ def _config_folders() -> list[str]:
 def buildable() -> frozenset[str]:
     """The table: every name attnlab's packaged configs and the user's config folders give (a renamed `_target_`
     under its current name)."""
-    from attnlab.config import current_target
-
     names = set()
     for folder in _config_folders():
         names |= _folder(folder)[0]
@@ -194,7 +223,7 @@ def _resolve(name: str) -> Any:
 
 def readable_env() -> frozenset[str]:
     """The environment variables a file's interpolations may read: those attnlab's packaged configs read."""
-    from attnlab.config import CONF_DIR
+    from attnlab.settings import CONF_DIR
 
     return _folder(CONF_DIR)[1]
 
@@ -204,8 +233,6 @@ def readable_env() -> frozenset[str]:
 def decide(kind: str, name: str, key: str | None = None) -> bool:
     """Whether this command may import (`kind` "module") or build ("callable") `name`, which a file from elsewhere
     gives at `key` (the run config's dotted key; None: at any key)."""
-    from attnlab.config import current_target
-
     if _command.trusted:
         return True
     if not isinstance(name, str):  # no name at all: nothing attnlab would build
@@ -237,8 +264,6 @@ def target_class(target: str | None, group: str) -> type:
         raise UserError(f"the {group} config has no _target_: give the class to build ({group}._target_="
                         "mypkg.module.ClassName), or pick one of attnlab's configs.")
     from hydra.utils import get_class
-
-    from attnlab.config import current_target
 
     admit("callable", target, f"{group}._target_")
     try:

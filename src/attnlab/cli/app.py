@@ -50,10 +50,10 @@ def begin(cfg: DictConfig) -> None:
     from attnlab.checkpoints import trust
     from attnlab.config import check_compatible, prepare
 
-    trust.from_command(cfg)  # whether this command trusts its files, and what its own config names
     prepare(cfg)
     if "model" in cfg and "data" in cfg:
         check_compatible(cfg)
+    trust.from_command(cfg)  # whether this command trusts its files, and what its own config names
     from attnlab.redact import redact, redact_logs, restore
 
     redact_logs()  # the run's log lines, on the console and in its log file, never hold a secret's value
@@ -61,9 +61,33 @@ def begin(cfg: DictConfig) -> None:
     shown = OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))) if printed else None
     restore(cfg)  # the secrets taken off the command line, in memory only (attnlab.redact)
     if shown is not None:
-        from attnlab.utils.rich_config import print_config_tree
-
         print_config_tree(shown, Path(cfg.paths.output_dir) / "config_tree.log")
+
+
+# the order in which the printed tree shows the config groups; any other key follows, `hydra` never
+TREE_ORDER = ("data", "model", "optimizer", "scheduler", "callbacks", "logger", "trainer", "paths", "extras")
+
+
+def print_config_tree(cfg: DictConfig, save_to: Path | None = None) -> None:
+    """Print the config as a Rich tree, one branch per group, and save the same tree to `save_to`."""
+    import rich
+    import rich.syntax
+    import rich.tree
+
+    tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
+    for key in [k for k in TREE_ORDER if k in cfg] + [k for k in cfg if k not in TREE_ORDER and k != "hydra"]:
+        branch = tree.add(key, style="bold", guide_style="dim")
+        if OmegaConf.is_missing(cfg, key):  # a required value the command line did not give: the app says which
+            branch.add(rich.syntax.Syntax("???", "yaml"))
+            continue
+        node = cfg[key]
+        text = OmegaConf.to_yaml(node, resolve=True) if isinstance(node, DictConfig) else str(node)
+        branch.add(rich.syntax.Syntax(text, "yaml"))
+    rich.print(tree)
+    if save_to is not None:
+        save_to.parent.mkdir(parents=True, exist_ok=True)
+        with open(save_to, "w") as f:
+            rich.print(tree, file=f)
 
 
 def run_process(main: Callable[[], Any]) -> None:
