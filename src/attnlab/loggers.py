@@ -91,27 +91,10 @@ def csv_logger(save_dir: str, name: str = "csv", version: str | int | None = "",
     """Lightning's CSVLogger; with `append` it continues an existing metrics.csv instead of replacing it. For a
     resumed run, rows logged between the last checkpoint and the interruption then appear twice: the later ones are
     the resumed run's."""
-    import csv
-
     from lightning.pytorch.loggers import CSVLogger
-    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-    from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-    class _AppendingWriter(ExperimentWriter):
-        def _check_log_dir_exists(self) -> None:
-            if self._fs.isfile(self.metrics_file_path):
-                with self._fs.open(self.metrics_file_path, "r", newline="") as fh:
-                    self.metrics_keys = list(next(csv.reader(fh), []))
-
-    class _AppendingCSVLogger(CSVLogger):
-        @property
-        @rank_zero_experiment
-        def experiment(self):
-            if self._experiment is None:
-                self._fs.makedirs(self.root_dir, exist_ok=True)
-                self._experiment = _AppendingWriter(log_dir=self.log_dir)
-            return self._experiment
+    from attnlab.compat import appending_csv_logger
 
     if not append:
         return CSVLogger(save_dir=save_dir, name=name, version=version, **kwargs)
-    return _AppendingCSVLogger(save_dir=save_dir, name=name, version=version, **kwargs)
+    return appending_csv_logger(save_dir=save_dir, name=name, version=version, **kwargs)

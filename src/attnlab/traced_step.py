@@ -14,6 +14,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn.parameter import is_lazy
 
+from attnlab.compat import storage_key
 from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
@@ -38,7 +39,7 @@ class _LiveBytes:
     def add(self, out) -> None:
         for t in tensors(out):
             storage = t.untyped_storage()
-            key = storage._cdata
+            key = storage_key(storage)
             if key in self._seen:
                 continue
             self._seen.add(key)

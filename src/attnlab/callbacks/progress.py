@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from lightning.pytorch.callbacks import RichProgressBar
+from attnlab.compat.progress import DescribedProgressBar
 
 
-class ProgressBar(RichProgressBar):
+class ProgressBar(DescribedProgressBar):
     """`Epoch 3/9` for epoch-budgeted runs; for runs that stop at `trainer.max_steps` (max_epochs -1), `Epoch 3 ·
     step budget 5000` instead of Lightning's `Epoch 3/-2`."""
 
-    def _get_train_description(self, current_epoch: int) -> str:
+    def train_description(self, current_epoch: int) -> str:
         max_epochs, max_steps = self.trainer.max_epochs, self.trainer.max_steps
         description = f"Epoch {current_epoch}"
         if max_epochs is not None and max_epochs > 0:

@@ -31,12 +31,13 @@ def _dcp_globals() -> dict[tuple[str, str], Any]:
     import pathlib
 
     import torch
-    from torch.distributed.checkpoint import filesystem, metadata
+    from torch.distributed.checkpoint import metadata
+
+    from attnlab.compat import dcp_metadata_private_names
 
     allowed: dict[tuple[str, str], Any] = {
         ("torch", "Size"): torch.Size,
-        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # name -> torch.layout, as torch's own
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+        **dcp_metadata_private_names(),  # torch's name -> layout function, DCP's storage info
         ("collections", "OrderedDict"): __import__("collections").OrderedDict,
     }
     for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):

@@ -136,11 +136,11 @@ def end_process(code: int) -> NoReturn:
 
 def _end_without_teardown(code: int) -> None:
     """The first exit handler the interpreter calls (the last registered): the other handlers, then `os._exit`."""
+    from attnlab.compat import run_exit_handlers
+
     atexit.unregister(_end_without_teardown)
-    run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; listed in docs/development.md
-    if run_handlers is None:  # another interpreter: it calls the handlers itself, then tears the modules down
+    if not run_exit_handlers():  # another interpreter: it calls the handlers itself, then tears the modules down
         return
-    run_handlers()
     _flush_streams()
     os._exit(code)
 

@@ -19,6 +19,7 @@ import typing_extensions
 from annotated_types import Ge, Interval
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from attnlab.compat import config_node, raw_value
 from attnlab.config import named_parameters
 from attnlab.errors import UserError
 from attnlab.protocols import task as task_hooks
@@ -91,7 +92,7 @@ def _target_nodes(cfg: DictConfig, prefix: str = ""):
     for key in cfg:
         if not prefix and key in _SKIP:
             continue
-        node = cfg._get_node(key)
+        node = config_node(cfg, key)
         if isinstance(node, DictConfig):
             path = f"{prefix}{key}"
             if "_target_" in node:
@@ -161,7 +162,7 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
         return [f"{path}._target_={target} cannot be imported ({e.__cause__ or e}): check the dotted path; its package "
                 "must be importable (installed, on PYTHONPATH, in the working directory, or in extras.imports)."]
     try:
-        settings = {str(k): node._get_node(k)._value() for k in node}  # raw: enough to pick a network config
+        settings = {str(k): raw_value(node, k) for k in node}  # raw: enough to pick a network config
         params, hints, open_ended = _signature(fn, settings)
     except (TypeError, ValueError):
         return []
@@ -194,13 +195,13 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> list[str]:
     """The problem with the value of `key` in `node` against its type hint: [] or [the message]."""
     if hint is inspect.Parameter.empty or hint is Any:
         return []
-    raw = node._get_node(key)
+    raw = config_node(node, key)
     try:
         value = OmegaConf.to_container(node, resolve=True)[key] if isinstance(raw, (DictConfig, ListConfig)) \
             else node[key]
     except Exception:
         return []  # an interpolation resolved later (e.g. from Hydra's runtime)
-    if value is None and OmegaConf.is_interpolation(node, key) and "data." in str(raw._value()):
+    if value is None and OmegaConf.is_interpolation(node, key) and "data." in str(raw_value(node, key)):
         return []  # found by the data (num_classes of a folder) once it is read
     if value is None and path == "optimizer" and key == "lr" and node.get("blr") is not None:
         return []  # blr x effective batch / 256, once the batch is known
@@ -227,7 +228,7 @@ def _check_value(path: str, key: str, node: DictConfig, hint) -> list[str]:
         fix = "Give it a value of that kind."
         accepted = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
         if OmegaConf.is_interpolation(node, key) and len(accepted) == 1 and not where:  # the one value it takes
-            source = str(node._get_node(key)._value()).strip("${}")
+            source = str(raw_value(node, key)).strip("${}")
             fix = (f"Add {source}={accepted[0]} to the command line ({path}.{key} reads it), or choose a "
                    f"{path} config made for {source}={value}.")
         return [f"{_name(path, key, node)}{where}={value!r} is refused: {msg[0].lower()}{msg[1:]} (expected "
@@ -251,7 +252,7 @@ def _name(path: str, key: str, node: DictConfig) -> str:
     """The key the user set: `seed (as data.seed)` for an interpolation."""
     name = f"{path}.{key}" if path else key
     if OmegaConf.is_interpolation(node, key):
-        name = f"{str(node._get_node(key)._value()).strip('${}')} (as {name})"
+        name = f"{str(raw_value(node, key)).strip('${}')} (as {name})"
     return name
 
 

@@ -77,9 +77,9 @@ def time_loader(dm, batches: int) -> float | None:
                     break
         return n / (time.perf_counter() - start) if start is not None and n else None
     finally:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        from attnlab.compat import shut_down_loader_workers
+
+        shut_down_loader_workers(it)
 
 
 def _samples(batch) -> int:

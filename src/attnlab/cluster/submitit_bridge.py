@@ -1,6 +1,6 @@
 """The bridge to submitit, the one module that touches its internals: the signal handler submitit installs in a job
 of `launcher=slurm` (which requeues it), and its requeue told attnlab's answer (time limit or not) and the ledger's
-count of time limits left, which its job pickle keeps."""
+count of time limits left, which its job pickle keeps; the batch script an executor would submit."""
 
 from __future__ import annotations
 
@@ -51,3 +51,9 @@ def requeue(handler, signum: int, timed_out: bool, countdown: int) -> tuple[bool
         return False, f"scontrol requeue failed ({e})"
     finally:
         del handler.has_timed_out
+
+
+def batch_script(executor, command: str, name: str) -> str:
+    """The batch script an `AutoExecutor` of SLURM submits for `command` (its `_executor`'s
+    `_make_submission_file_text`): what `sbatch --test-only` is given."""
+    return executor._executor._make_submission_file_text(command, name)

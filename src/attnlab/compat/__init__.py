@@ -1,7 +1,8 @@
-"""The private names of other packages that attnlab relies on (Lightning, torchmetrics, torch, Hydra), in one place,
-each behind a public name (submitit's are in cluster/submitit_bridge.py). tests/test_compat.py checks that each exists
-in the installed versions and that no other module uses one. Importing this package imports none of them: each is
-imported where it is used (ModelCheckpoint's internals: checkpoint.py).
+"""The private names of other packages that attnlab relies on (Lightning, torchmetrics, torch, Hydra, OmegaConf, Optuna,
+CPython's atexit), each behind a public name here; submitit's are in cluster/submitit_bridge.py. tests/test_compat.py
+checks that each exists in the installed versions, and that no other module reads or sets another package's private
+attribute, imports its private name or overrides its private method. Importing this package imports none of them:
+each is imported where it is used (ModelCheckpoint's internals: checkpoint.py; the progress bar's: progress.py).
 """
 
 from __future__ import annotations
@@ -189,3 +190,99 @@ def pin_hydra_mode(mode: str | None) -> None:
         return RunMode[mode] if mode else None
 
     Hydra.get_mode = get_mode
+
+
+def config_node(cfg, key):
+    """The node at `key` of an OmegaConf config (its `_get_node`): a nested config, or the value's own node."""
+    return cfg._get_node(key)
+
+
+def raw_value(cfg, key):
+    """The value at `key` of an OmegaConf config as written: an interpolation (`${data.vocab_size}`) unresolved."""
+    return cfg._get_node(key)._value()
+
+
+def storage_key(storage) -> int:
+    """One number per storage (an untyped storage's `_cdata`): equal for every view of it, fake tensors' too."""
+    return storage._cdata
+
+
+def compile_keeps_dynamic_shapes():
+    """A decorator: torch.compile keeps ops whose output shape depends on the data (boolean indexing) in the graph
+    (`torch._dynamo.config`'s `capture_dynamic_output_shape_ops`)."""
+    import torch
+
+    return torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+
+
+def dcp_metadata_private_names() -> dict[tuple[str, str], object]:
+    """The two private names a sharded checkpoint's `.metadata` pickle gives, by (module, name): torch's name ->
+    layout function and DCP's `_StorageInfo`. A reader of that format admits them."""
+    import torch
+    from torch.distributed.checkpoint import filesystem
+
+    return {("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo}
+
+
+def shut_down_loader_workers(iterator) -> None:
+    """End a DataLoader iterator's worker processes now (`_shutdown_workers`), not when the iterator is collected."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def appending_csv_logger(**kwargs):
+    """Lightning's CSVLogger continuing an existing metrics.csv (its header's columns kept) instead of replacing it:
+    its writer's `_check_log_dir_exists` and the logger's `_experiment` and `_fs`."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+    from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+    class AppendingWriter(ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:
+            if self._fs.isfile(self.metrics_file_path):
+                with self._fs.open(self.metrics_file_path, "r", newline="") as fh:
+                    self.metrics_keys = list(next(csv.reader(fh), []))
+
+    class AppendingCSVLogger(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self):
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = AppendingWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return AppendingCSVLogger(**kwargs)
+
+
+# ---- Optuna, CPython
+def optuna_trial_id(trial) -> int:
+    """A trial's id in its study's storage (`_trial_id`), which `optuna.trial.Trial(study, trial_id)` takes."""
+    return trial._trial_id
+
+
+def stored_trial(study, trial):
+    """The trial as its study's storage holds it now (`Study._storage`), a live trial's reported values too."""
+    return study._storage.get_trial(trial._trial_id)
+
+
+def set_stored_attr(study, trial, key: str, value) -> None:
+    """Set a user attribute of a trial in its study's storage, a running trial read back from it too (a
+    FrozenTrial's own `set_user_attr` changes only that object)."""
+    study._storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
+def run_exit_handlers() -> bool:
+    """Run the handlers registered with atexit now (CPython's `atexit._run_exitfuncs`); False where the interpreter
+    has no such function (it then runs them itself at its exit)."""
+    import atexit
+
+    run = getattr(atexit, "_run_exitfuncs", None)
+    if run is None:
+        return False
+    run()
+    return True

@@ -141,7 +141,9 @@ class BaseTask(L.LightningModule):
     def configure_model(self) -> None:
         if self.hparams.get("compile") and not self._compiled:
             # data-dependent shapes (e.g. boolean indexing in a user's training_loss) stay inside the graph
-            dynamic = torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+            from attnlab.compat import compile_keeps_dynamic_shapes
+
+            dynamic = compile_keeps_dynamic_shapes()
             self._compiled = {"net": torch.compile(self.net),
                               "training_loss": dynamic(torch.compile(self.training_loss))}
 

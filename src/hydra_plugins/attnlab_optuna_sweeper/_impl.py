@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from attnlab.compat import optuna_trial_id, set_stored_attr, stored_trial
 from attnlab.errors import UserError
 
 from ._search_space import grid, search_space
@@ -235,7 +236,9 @@ class OptunaSweeperImpl(Sweeper):
         cores / n_jobs threads. A SLURM launcher's jobs get theirs from SLURM."""
         import os
 
-        if getattr(self.launcher, "_EXECUTOR", "") == "slurm":
+        from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+        if isinstance(self.launcher, SlurmLauncher):
             return ()
         visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         gpus = visible or [str(i) for i in range(_gpu_count())]
@@ -266,7 +269,7 @@ class OptunaSweeperImpl(Sweeper):
 
         from attnlab.callbacks.optuna_pruning import ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL
 
-        env = {ENV_STORAGE: url or "memory", ENV_STUDY: study.study_name, ENV_TRIAL: str(trial._trial_id),
+        env = {ENV_STORAGE: url or "memory", ENV_STUDY: study.study_name, ENV_TRIAL: str(optuna_trial_id(trial)),
                ENV_PRUNER: json.dumps(self.pruner, separators=(",", ":"))}
         return params + tuple(f"++hydra.job.env_set.{k}='{v}'" for k, v in env.items())
 
@@ -274,7 +277,7 @@ class OptunaSweeperImpl(Sweeper):
         """A trial its job stopped for the pruner: PRUNED in the study (its last reported value stands), a row of
         results.csv with its state and step."""
         self._record(study, trial, state=TrialState.PRUNED)
-        frozen = study._storage.get_trial(trial._trial_id)
+        frozen = stored_trial(study, trial)
         step = frozen.last_step
         value = frozen.intermediate_values.get(step) if step is not None else None
         log.info(f"Trial {trial.number} pruned at step {step} ({value}): {reason}")
@@ -289,7 +292,7 @@ class OptunaSweeperImpl(Sweeper):
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> bool:
         """Report one job's return value; True where the job failed."""
-        study._storage.set_trial_user_attr(trial._trial_id, "job_dir", str(getattr(ret, "working_dir", "") or ""))
+        set_stored_attr(study, trial, "job_dir", str(getattr(ret, "working_dir", "") or ""))
         try:
             value = ret.return_value
             values = [float(value)] if len(self.directions) == 1 else [float(v) for v in value]
@@ -320,7 +323,7 @@ class OptunaSweeperImpl(Sweeper):
 
 def _interrupted(study: optuna.Study, trial: Any, again: bool = True) -> None:
     """A trial whose process was stopped: failed, not counted, and (`again`) queued to run with its parameters."""
-    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+    set_stored_attr(study, trial, INTERRUPTED, True)
     study.tell(trial.number, state=TrialState.FAIL)
     if again:
         study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})

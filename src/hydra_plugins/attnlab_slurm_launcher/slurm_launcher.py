@@ -91,10 +91,10 @@ class SlurmLauncher(HydraSlurmLauncher):
         if not any(str(a).startswith("--export") for a in srun_args):
             params["srun_args"] = [*srun_args, "--export=ALL"]
         init_keys = {"max_num_timeout", "submitit_folder"}
-        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=params["submitit_folder"],
+        executor = submitit.AutoExecutor(cluster="slurm", folder=params["submitit_folder"],
                                          slurm_max_num_timeout=params.get("max_num_timeout", 0))
         base = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()
+        executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
                                       if k not in init_keys})
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def returned(w: Watched, summary: str) -> JobReturn:
     ret = JobReturn()
     ret.status = JobStatus.FAILED
     ret.overrides = w.overrides
-    ret._return_value = SweepJobError(summary)
+    ret.return_value = SweepJobError(summary)
     return ret
 
 

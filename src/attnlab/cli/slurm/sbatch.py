@@ -56,7 +56,9 @@ def submission_script(params: dict[str, Any], folder: Path) -> str:
                                      slurm_max_num_timeout=params.pop("max_num_timeout", 0) or 0)
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
-    return executor._executor._make_submission_file_text("true", "attnlab-fit-check")
+    from attnlab.cluster.submitit_bridge import batch_script
+
+    return batch_script(executor, "true", "attnlab-fit-check")
 
 
 def test_only(params: dict[str, Any], settings: dict[str, Any]) -> None:
