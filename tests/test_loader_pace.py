@@ -49,7 +49,7 @@ def test_the_loader_line_says_by_how_much_and_what_to_do():
     line = slow.line()
     assert "the loader sets the pace, 4.0x slower than the model" in line
     assert "about 8 would keep up (data.num_workers=8)" in line
-    for remedy in ("data.format=shards", "reduced-size decoding", "attnlab[fast]", "GPU decoding"):
+    for remedy in ("data.format=shards", "reduced-size decoding", "attnlab[fast]", "data.decode=gpu"):
         assert remedy in line, remedy
     assert "this machine has 4 CPUs" in LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg").line()
     assert "attnlab[fast]" not in LoaderPace(250.0, 1000.0, 2, 4, "simplejpeg").line()

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import UserError
 from attnlab.checkpoints.trust import current_target
-# CONF_DIR and PLATFORM_KEYS are also imported from here by users (docs/your-code.md)
+# PLATFORM_KEYS is also imported from here by users (docs/your-code.md)
 from attnlab.settings import CONF_DIR, PLATFORM_KEYS  # noqa: F401
 
 def prepare(cfg: DictConfig) -> None:

@@ -1,7 +1,8 @@
 """attnlab's ModelCheckpoint: Lightning's, for runs that stop and resume. `last.ckpt` is written at every save point and
-on SIGTERM or Ctrl-C (other errors save nothing); a checkpoint saved mid-validation resumes by redoing that validation;
-a tie of the monitored metric goes to the newer checkpoint; a loaded checkpoint's callback states keep no path outside
-this run's checkpoint folder. On a local disk, `last.ckpt` links to the top-k file saved at the same step, if any.
+on SIGTERM, Ctrl-C, or a monitored metric that is never logged (other errors save nothing); a checkpoint saved
+mid-validation resumes by redoing that validation; a tie of the monitored metric goes to the newer checkpoint; a
+loaded checkpoint's callback states keep no path outside this run's checkpoint folder. On a local disk, `last.ckpt`
+links to the top-k file saved at the same step, if any.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class LoaderPace:
                 if gone]
             if missing:
                 todo.append(f"pip install 'attnlab[fast]' ({'; '.join(missing)})")
-            todo.append("GPU decoding (nvJPEG, DALI), which attnlab does not do yet")
+            todo.append("on a CUDA GPU, data.decode=gpu (the JPEGs decoded on the device with nvJPEG)")
         else:
             todo.append("lighter augmentation in the loader (data.augment)")
         return (f"{rates}: the loader sets the pace, {self.slower:.1f}x slower than the model. What helps: "

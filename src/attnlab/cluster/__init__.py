@@ -11,9 +11,9 @@ What happens when...
   SLURM refuses (`--no-requeue`, PreemptMode=CANCEL), it is not, and says why. Either way the attempt exits 143.
   The SIGTERMs of the end the warning announced (srun's and the step's) leave the save to finish, unless a step has
   run for `patience_s`.
-- **a job is killed (scancel, kill, Ctrl-C).** The first SIGTERM saves `last.ckpt` after the current step and exits
-  143; a second one, or the first after a step has run for `patience_s`, ends the process at once, naming the last
-  checkpoint. Nothing is requeued.
+- **a job is killed (scancel, kill).** The first SIGTERM saves `last.ckpt` after the current step and exits 143; a
+  second one, or the first after a step has run for `patience_s`, ends the process at once, naming the last
+  checkpoint. Nothing is requeued. (Ctrl-C is Lightning's: `last.ckpt` saved where it stopped, exit status 1.)
 - **a node or a rank is lost.** The other ranks learn it from their next collective. A rank that fails on an error of
   its own leaves a note first (`.ranks/`), so a survivor tells a failed peer (the run fails: a bug comes back) from a
   lost one. A lost peer in a SLURM job requeues it, at most `launcher.max_num_timeout` times; once that budget is

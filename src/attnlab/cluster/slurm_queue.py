@@ -87,7 +87,7 @@ class SharedQueue:
     def __init__(self):
         self.lock = threading.Lock()
         self.followed: Counter[str] = Counter()  # job id -> how many threads follow it
-        self.answer: dict[str, tuple[str, str]] | None = None
+        self.answer: dict[str, Queued] | None = None
         self.asked_at = float("-inf")
 
     def follow(self, ids: list[str]) -> None:
@@ -99,9 +99,9 @@ class SharedQueue:
         with self.lock:
             self.followed -= Counter(ids)  # a job no thread follows any more is dropped
 
-    def states(self, interval: float) -> dict[str, tuple[str, str]] | None:
-        """{job id: (state, nodes)} of the followed jobs the controller knows; None when it did not answer. An
-        answer younger than most of `interval` is shared."""
+    def states(self, interval: float) -> dict[str, Queued] | None:
+        """{job id: Queued(state, nodes, began)} of the followed jobs the controller knows; None when it did not
+        answer. An answer younger than most of `interval` is shared."""
         with self.lock:
             if time.monotonic() - self.asked_at >= 0.9 * interval:
                 self.answer, self.asked_at = queue_states(sorted(self.followed)), time.monotonic()

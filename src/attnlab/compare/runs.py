@@ -1,6 +1,6 @@
 """Finding and reading runs for `attnlab-compare`: each run directory's `config.yaml` (the resolved config),
-`metrics.json` (written when the run finished) and `csv/metrics.csv` (the logged curves), nothing else, so copied
-folders compare as well as the originals."""
+`metrics.json` (written when the run finished), `csv/metrics.csv` (the logged curves), `lineage.json` and the names
+of its `media/` files, nothing else, so copied folders compare as well as the originals."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ Instance hooks:
   MFU. Without it: no MFU.
 - `flops_of(batch) -> float` (`CountsBatchFlops`): training FLOPs of one batch, for tasks whose batches vary in
   shape. Without it: `flops_per_sample() x batch_size_of(batch)`.
-- `decode_cfg: dict` (`Decodes`): decoding settings that eval.py's and predict.py's `decode.*` update. Without it:
-  `decode.*` is refused.
+- `decode_cfg: dict` (`Decodes`): the decoding settings that eval.py's `decode.*` update and predict.py decodes
+  with. Without it: eval.py refuses `decode.*`.
 - `net: nn.Module`: the network export.py writes. Without it: export.py refuses the checkpoint.
 - `tokenizer_json: str | tuple[str | None, ...] | None` (`CarriesTokenizer`): the tokenizer(s) export.py writes
   beside the weights, and eval.py reads the data with.

@@ -106,7 +106,7 @@ class OptunaSweeperImpl(Sweeper):
 
     def sweep(self, arguments: list[str]) -> None:
         """Hydra prints an exception raised here with its traceback: a study that cannot be continued is refused
-        as a run's bad input is, in one paragraph (attnlab.cli.app.fail)."""
+        as a run's bad input is, in one paragraph (attnlab.errors.fail)."""
         try:
             self._sweep(arguments)
         except StudyError as e:
