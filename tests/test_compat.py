@@ -231,10 +231,13 @@ def test_no_class_of_attnlab_outside_compat_overrides_a_private_method_of_anothe
     import pkgutil
 
     found = []
-    for info in pkgutil.walk_packages(attnlab.__path__, "attnlab."):
-        if info.name.startswith("attnlab.compat") or info.name.endswith("__main__"):
+    plugins = [importlib.import_module(f"hydra_plugins.attnlab_{p}") for p in ("optuna_sweeper", "slurm_launcher")]
+    modules = [info.name for package in (attnlab, *plugins)
+               for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
+    for module_name in modules:
+        if module_name.startswith("attnlab.compat") or module_name.endswith("__main__"):
             continue
-        module = importlib.import_module(info.name)
+        module = importlib.import_module(module_name)
         tree = ast.parse(Path(module.__file__).read_text())
         for node in tree.body:
             cls = getattr(module, node.name, None) if isinstance(node, ast.ClassDef) else None
@@ -243,10 +246,10 @@ def test_no_class_of_attnlab_outside_compat_overrides_a_private_method_of_anothe
             own = {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
             for name in own:
                 if name.startswith("_") and not name.startswith("__"):
-                    upstream = [b for b in cls.__mro__[1:] if not b.__module__.startswith("attnlab")
-                                and name in vars(b)]
+                    upstream = [b for b in cls.__mro__[1:] if not b.__module__.startswith(
+                        ("attnlab", "hydra_plugins.attnlab")) and name in vars(b)]
                     if upstream:
-                        found.append(f"{info.name}.{node.name}.{name} ({upstream[0].__module__})")
+                        found.append(f"{module_name}.{node.name}.{name} ({upstream[0].__module__})")
     assert found == [], found
 
 
