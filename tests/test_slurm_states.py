@@ -31,6 +31,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from attnlab.cluster import slurm_queue, sweep_states as machine, sweep_watch as sl
+from attnlab.cluster.outcome import JobState
 
 OUTAGE, MISSING = "OUTAGE", "MISSING"  # squeue fails; squeue answers without the job
 ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD"}
@@ -228,10 +229,12 @@ class World:
         if state == MISSING or JOB_ID not in ids:
             return {}
         running = state in ("RUNNING", "COMPLETING")
-        return {JOB_ID: machine.Queued(state, "n1" if running else "", self.life.began(self.clock.now) if running else "")}
+        return {JOB_ID: machine.Queued(JobState(state), "n1" if running else "",
+                                       self.life.began(self.clock.now) if running else "")}
 
-    def sacct(self, job_id: str) -> str | None:
-        return self.life.sacct_at(self.clock.now) if job_id == JOB_ID else None
+    def sacct(self, job_id: str) -> JobState | None:
+        said = self.life.sacct_at(self.clock.now) if job_id == JOB_ID else None
+        return JobState(said) if said else None
 
     def requeueable(self, job_id: str) -> bool | None:
         """scontrol's Requeue flag: None while the controller does not know the job or does not answer."""
@@ -309,7 +312,7 @@ def check(life: Life) -> None:
     final = [r for r in said if r.levelno >= logging.ERROR]
     if w.state == "COMPLETED":
         assert not final and said[-1].getMessage().split(": ", 2)[-1].startswith("completed")
-        assert w.outcome[0] == "success" and w.outcome[1].status == JobStatus.COMPLETED
+        assert w.outcome.ok and w.outcome.value.status == JobStatus.COMPLETED
     else:
         assert final == [said[-1]], [r.getMessage() for r in said]
         assert f": {w.state.lower()}" in final[0].getMessage() and "*** JOB 7 ON n1 ENDED ***" in final[0].getMessage()

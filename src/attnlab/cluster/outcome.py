@@ -1,5 +1,6 @@
 """How an attempt of a run ended, as a type: written by the run into its lineage and the ledger, read by the sweep
 driver and by the next attempt. No reader parses the text a person reads (`status`); each reads `outcome` and `cause`.
+And a job's state as SLURM gives it (`JobState`), read once where squeue, sacct or scontrol answers.
 """
 
 from __future__ import annotations
@@ -8,14 +9,16 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class _Named(str, Enum):
+class Named(str, Enum):
+    """An enum whose members are their text: in a message as in a record (JSON), and equal to it."""
+
     def __str__(self) -> str:  # the value, in a message as in a record
         return self.value
 
     __format__ = str.__format__
 
 
-class Outcome(_Named):
+class Outcome(Named):
     RUNNING = "running"        # training began; still so in a later attempt: it ended without a word
     FINISHED = "finished"
     PRUNED = "pruned"          # stopped by an Optuna sweep's pruner
@@ -25,7 +28,7 @@ class Outcome(_Named):
     UNRECORDED = "unrecorded"  # an earlier attempt that never said how it ended (SIGKILL, out of memory, node lost)
 
 
-class Cause(_Named):
+class Cause(Named):
     TIME_LIMIT = "time limit"
     PREEMPTED = "preempted"
     SLURM_WARNING = "SLURM's warning"  # in a batch script of one's own, whose warning lead is not known
@@ -34,6 +37,51 @@ class Cause(_Named):
     CTRL_C = "Ctrl-C"
     RANK_FAILED = "a rank failed"
     ERROR = "an error"
+
+
+class JobState(Named):
+    """A job's state: SLURM's (squeue's %T, sacct's State), read once here, and the sweep driver's own: SUBMITTED
+    (before its first poll), REQUEUED (back in the queue after running), MAY_REQUEUE (ended as SLURM may run it
+    again), GONE (missing from the queue, no end known). A state this table lacks (a newer SLURM's) is UNKNOWN:
+    the job is alive."""
+
+    SUBMITTED = "SUBMITTED"
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    STOPPED = "STOPPED"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    RESIZING = "RESIZING"
+    COMPLETING = "COMPLETING"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REVOKED = "REVOKED"
+    MAY_REQUEUE = "MAY_REQUEUE"
+    GONE = "GONE"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def of(cls, text: str) -> JobState:
+        """SLURM's word for a state (sacct's `CANCELLED by 1000` is CANCELLED)."""
+        word = text.split()[0] if text.split() else ""
+        try:
+            return cls(word)
+        except ValueError:
+            return cls.UNKNOWN
 
 
 # the causes of a requeue (each its own budget where counted: COUNTED)

@@ -10,13 +10,15 @@ import time
 from collections import Counter
 from typing import NamedTuple
 
+from attnlab.cluster.outcome import JobState
+
 
 class Queued(NamedTuple):
     """squeue's answer for one job: its state, its nodes, and when its current attempt started (squeue's %S, kept
     for a running or completing job only; "" when not known). An attempt that started at another time is another
     attempt: a job requeued and started again between two polls is told from one that ran on."""
 
-    state: str | None
+    state: JobState | None
     nodes: str = ""
     began: str = ""
 
@@ -44,8 +46,9 @@ def queue_states(ids: list[str]) -> dict[str, Queued] | None:
         return {} if "Invalid job id" in out.stderr else None
     states = {}
     for line in out.stdout.splitlines():
-        job_id, state, nodes, began = (line.strip().split("|") + ["", "", ""])[:4]
-        states[job_id] = Queued(state, nodes, began if state in ("RUNNING", "COMPLETING") else "")
+        job_id, text, nodes, began = (line.strip().split("|") + ["", "", ""])[:4]
+        state = JobState.of(text)
+        states[job_id] = Queued(state, nodes, began if state in (JobState.RUNNING, JobState.COMPLETING) else "")
     return states
 
 
@@ -64,10 +67,10 @@ def accounting_on() -> bool:
     return out is not None and out.returncode == 0
 
 
-def sacct_state(job_id: str) -> str | None:
+def sacct_state(job_id: str) -> JobState | None:
     out = ask("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id)
-    states = out.stdout.split() if out is not None else []
-    return states[0] if states else None
+    lines = out.stdout.splitlines() if out is not None else []
+    return JobState.of(lines[0]) if lines and lines[0].strip() else None
 
 
 def requeueable(job_id: str) -> bool | None:

@@ -16,8 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
+from attnlab.cluster.outcome import JobState
 from attnlab.cluster.sweep_states import FINAL
-from attnlab.cluster.sweep_watch import Watched, job_name, watch
+from attnlab.cluster.sweep_watch import Watched, job_name, state_text, watch
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as HydraSlurmLauncher
@@ -67,7 +68,7 @@ class SlurmLauncher(HydraSlurmLauncher):
         finally:
             for w in watched:
                 self._active.pop(w.id, None)
-        failed = [w for w in watched if w.state != "COMPLETED" or not w.outcome or w.outcome[0] != "success"]
+        failed = [w for w in watched if w.state != JobState.COMPLETED or not w.outcome or not w.outcome.ok]
         summary = _summary(failed, len(watched), sweep_dir)
         if failed and str(self.config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
             # a grid: Hydra's basic sweeper would stop at the first failed job with a traceback; the paragraph alone
@@ -122,7 +123,7 @@ class SlurmLauncher(HydraSlurmLauncher):
 def _summary(failed: list[Watched], total: int, sweep_dir: Path) -> str:
     if not failed:
         return ""
-    jobs = "; ".join(f"job {w.id} ({job_name(w)}) {w.state.lower()}, log {w.log_file()}"
+    jobs = "; ".join(f"job {w.id} ({job_name(w)}) {state_text(w)}, log {w.log_file()}"
                      for w in failed)
     return (f"attnlab: error: {len(failed)} of {total} SLURM jobs of this sweep did not complete: {jobs}. The others' "
             f"results are in {sweep_dir / 'results.csv'}; run the same command again for an Optuna sweep to rerun "
@@ -131,8 +132,8 @@ def _summary(failed: list[Watched], total: int, sweep_dir: Path) -> str:
 
 def returned(w: Watched, summary: str) -> JobReturn:
     """What Hydra's sweepers expect of a job: its JobReturn, or a failed one whose return value raises."""
-    if w.state == "COMPLETED" and w.outcome is not None and w.outcome[0] == "success":
-        return w.outcome[1]
+    if w.state == JobState.COMPLETED and w.outcome is not None and w.outcome.ok:
+        return w.outcome.value
     ret = JobReturn()
     ret.status = JobStatus.FAILED
     ret.overrides = w.overrides
