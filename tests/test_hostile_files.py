@@ -253,11 +253,7 @@ def test_what_a_file_names_is_built_only_from_the_table_or_the_commands_own_conf
     for part in ("hyper_parameters", "hparams", "module_arguments"):
         assert trust.refused_name({part: {"net": "os.system"}}) == (f"{part}.net", "callable", "os.system")
         assert trust.refused_name({part: {"net": "userpkg.nets.TinyCNN"}}) is None
-    trust.set_trusted(True)
-    try:
-        assert trust.refused_name({"extras": {"imports": ["evil"]}}) is None
-    finally:
-        trust.reset()
+    assert trust.refused_name({"extras": {"imports": ["evil"]}}, trusting=True) is None
 
 
 def test_a_cifar_batch_is_read_without_running_anything(tmp_path):

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlab.cluster.outcome import COUNTED, AttemptEnd, Cause, Outcome
-from attnlab.cluster.rules import (LOST_MARKS, STOPPED_STATUS, WARNING_SLACK_S, Decision, Event, JobState, decide,
+from attnlab.cluster.rules import (LOST_MARKS, WARNING_SLACK_S, Decision, Event, JobState, decide,
                                    lost_peer, warning_cause)
 from attnlab.cluster.exit import STOPPED
 
@@ -55,7 +55,7 @@ def test_what_happens_in_each_case(event, state, expected):
 
 
 def test_the_stopped_status_is_the_one_the_process_exits_with():
-    assert STOPPED_STATUS == STOPPED == 143
+    assert STOPPED == 143 and {decide(Event.SIGTERM, JobState()).exit_code} == {STOPPED}
 
 
 states = st.builds(JobState, in_slurm=st.booleans(), cause=st.none() | st.sampled_from(list(Cause)),

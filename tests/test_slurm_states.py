@@ -31,7 +31,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from attnlab.cluster import slurm_queue, sweep_states as machine, sweep_watch as sl
-from attnlab.cluster.outcome import JobState
+from attnlab.cluster.outcome import SlurmState
 
 OUTAGE, MISSING = "OUTAGE", "MISSING"  # squeue fails; squeue answers without the job
 ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD"}
@@ -229,12 +229,12 @@ class World:
         if state == MISSING or JOB_ID not in ids:
             return {}
         running = state in ("RUNNING", "COMPLETING")
-        return {JOB_ID: machine.Queued(JobState(state), "n1" if running else "",
+        return {JOB_ID: machine.Queued(SlurmState(state), "n1" if running else "",
                                        self.life.began(self.clock.now) if running else "")}
 
-    def sacct(self, job_id: str) -> JobState | None:
+    def sacct(self, job_id: str) -> SlurmState | None:
         said = self.life.sacct_at(self.clock.now) if job_id == JOB_ID else None
-        return JobState(said) if said else None
+        return SlurmState(said) if said else None
 
     def requeueable(self, job_id: str) -> bool | None:
         """scontrol's Requeue flag: None while the controller does not know the job or does not answer."""

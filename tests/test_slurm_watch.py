@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from attnlab.cluster.outcome import RUNNING, AttemptEnd, Cause, JobState, Outcome
+from attnlab.cluster.outcome import RUNNING, AttemptEnd, Cause, SlurmState, Outcome
 from attnlab.cluster import slurm_queue, sweep_states as machine, sweep_watch as sl
 
 LOST_REQUEUED = AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST)
@@ -32,14 +32,14 @@ def script(monkeypatch, answers: list, sacct: dict | None = None, on_poll=None):
         polls.append(list(ids))
         if on_poll:
             on_poll(len(polls))
-        answer = answers[min(len(polls), len(answers)) - 1]  # as squeue's answer is read: a JobState a job
-        return None if answer is None else {k: slurm_queue.Queued(JobState(v[0]), *v[1:])
+        answer = answers[min(len(polls), len(answers)) - 1]  # as squeue's answer is read: a SlurmState a job
+        return None if answer is None else {k: slurm_queue.Queued(SlurmState(v[0]), *v[1:])
                                             for k, v in answer.items() if k in ids}
 
     monkeypatch.setattr(slurm_queue, "queue_states", queue_states)
     monkeypatch.setattr(slurm_queue, "accounting_on", lambda: sacct is not None)
     monkeypatch.setattr(slurm_queue, "sacct_state",
-                        lambda job_id: JobState((sacct or {})[job_id]) if job_id in (sacct or {}) else None)
+                        lambda job_id: SlurmState((sacct or {})[job_id]) if job_id in (sacct or {}) else None)
     monkeypatch.setattr(slurm_queue, "requeueable", lambda job_id: None)  # scontrol says nothing of the Requeue flag
     monkeypatch.setattr(slurm_queue, "QUEUE", slurm_queue.SharedQueue())
     clock = FakeClock()
@@ -99,7 +99,7 @@ def test_a_completed_job_whose_result_shows_late_is_not_failed(monkeypatch, tmp_
 
     script(monkeypatch, [{"21": ("RUNNING", "n1")}, done], on_poll=on_poll)
     sl.watch(jobs, poll_s=0.0)
-    assert jobs[0].state is JobState.COMPLETED and jobs[0].outcome == (True, "done")
+    assert jobs[0].state is SlurmState.COMPLETED and jobs[0].outcome == (True, "done")
 
 
 @pytest.mark.parametrize("state", sorted(machine.MAYBE_REQUEUED))
@@ -135,7 +135,7 @@ def test_polling_backs_off_while_nothing_changes_and_one_query_serves_every_thre
     # two watching threads (an Optuna sweep's parallel trials), one squeue for both jobs a poll
     queue = slurm_queue.SharedQueue()
     calls = []
-    monkeypatch.setattr(slurm_queue, "queue_states", lambda ids: calls.append(ids) or {i: slurm_queue.Queued(JobState.RUNNING, "n1") for i in ids})
+    monkeypatch.setattr(slurm_queue, "queue_states", lambda ids: calls.append(ids) or {i: slurm_queue.Queued(SlurmState.RUNNING, "n1") for i in ids})
     queue.follow(["61"])
     queue.follow(["62"])
     threads = [threading.Thread(target=queue.states, args=(60.0,)) for _ in range(4)]
@@ -212,7 +212,7 @@ def test_slurm_s_words_for_a_state_are_read_once_into_job_states(monkeypatch):
             "sacct": "CANCELLED by 1000\n"}
     monkeypatch.setattr(slurm_queue, "ask", lambda *command: subprocess.CompletedProcess(command, 0, said[command[0]], ""))
     states = slurm_queue.queue_states(["7", "8", "9"])
-    assert states == {"7": (JobState.RUNNING, "n1", "2026-01-01T00:00:00"), "8": (JobState.UNKNOWN, "n2", ""),
-                      "9": (JobState.PENDING, "", "")}
-    assert all(type(s.state) is JobState for s in states.values()) and JobState.UNKNOWN not in machine.FINAL
-    assert slurm_queue.sacct_state("7") is JobState.CANCELLED
+    assert states == {"7": (SlurmState.RUNNING, "n1", "2026-01-01T00:00:00"), "8": (SlurmState.UNKNOWN, "n2", ""),
+                      "9": (SlurmState.PENDING, "", "")}
+    assert all(type(s.state) is SlurmState for s in states.values()) and SlurmState.UNKNOWN not in machine.FINAL
+    assert slurm_queue.sacct_state("7") is SlurmState.CANCELLED

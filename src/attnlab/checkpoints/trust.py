@@ -120,10 +120,6 @@ def trusted() -> bool:
     return _command.trusted
 
 
-def set_trusted(on: bool) -> None:
-    _command.trusted = bool(on)
-
-
 def names_in(node: Any, where: str = "") -> Iterator[tuple[str, str, str]]:
     """(key, "module" or "callable", name) for each thing a config names to import or build: `_target_`s,
     `extras.imports`, the dotted paths of `net` / `backbone` (a timm model name is none)."""

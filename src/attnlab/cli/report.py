@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -109,6 +108,8 @@ def append_row(path: Path, row: dict) -> None:
 
     from filelock import FileLock
 
+    from attnlab.utils.atomic import atomic_path
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.lock"):
         rows = []
@@ -117,9 +118,7 @@ def append_row(path: Path, row: dict) -> None:
                 rows = list(csv.DictReader(fh))
         rows.append(row)
         fields = list(dict.fromkeys(k for r in rows for k in r))
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "w", newline="") as fh:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:  # a job killed meanwhile: the old table
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, path)  # a job killed while writing leaves the previous table whole

@@ -117,7 +117,9 @@ def _launch_folder(launch: Launch, path: Path) -> str:
 
 
 def _wait_s() -> float:
-    return float(os.environ.get(RANK_WAIT_ENV) or DEFAULT_RANK_WAIT_S)
+    from attnlab.utils.env import seconds
+
+    return seconds(RANK_WAIT_ENV, DEFAULT_RANK_WAIT_S)
 
 
 def _through_agent_store(launch: Launch, path: Path) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """How an attempt of a run ended, as a type: written by the run into its lineage and the ledger, read by the sweep
 driver and by the next attempt. No reader parses the text a person reads (`status`); each reads `outcome` and `cause`.
-And a job's state as SLURM gives it (`JobState`), read once where squeue, sacct or scontrol answers.
+And a job's state as SLURM gives it (`SlurmState`), read once where squeue, sacct or scontrol answers.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ class Cause(Named):
     ERROR = "an error"
 
 
-class JobState(Named):
-    """A job's state: SLURM's (squeue's %T, sacct's State), read once here, and the sweep driver's own: SUBMITTED
-    (before its first poll), REQUEUED (back in the queue after running), MAY_REQUEUE (ended as SLURM may run it
-    again), GONE (missing from the queue, no end known). A state this table lacks (a newer SLURM's) is UNKNOWN:
-    the job is alive."""
+class SlurmState(Named):
+    """A job's state: SLURM's (squeue's %T, sacct's State), read once (`of`) where SLURM answers, and the sweep
+    driver's own: SUBMITTED (before its first poll), REQUEUED (back in the queue after running), MAY_REQUEUE (ended
+    as SLURM may run it again), GONE (missing from the queue, no end known). A state this table lacks (a newer
+    SLURM's) is UNKNOWN: the job is alive."""
 
     SUBMITTED = "SUBMITTED"
     PENDING = "PENDING"
@@ -75,7 +75,7 @@ class JobState(Named):
     UNKNOWN = "UNKNOWN"
 
     @classmethod
-    def of(cls, text: str) -> JobState:
+    def of(cls, text: str) -> SlurmState:
         """SLURM's word for a state (sacct's `CANCELLED by 1000` is CANCELLED)."""
         word = text.split()[0] if text.split() else ""
         try:

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from attnlab.cluster.exit import STOPPED
 from attnlab.cluster.outcome import COUNTED, FINISHED, RUNNING, AttemptEnd, Cause, Outcome
 from attnlab.errors import causes
 
-STOPPED_STATUS = 143  # 128 + SIGTERM: a run stopped by a signal, not finished (cluster/exit.py's STOPPED)
 # SLURM sends --signal up to a minute before the time it was asked for (its controller's checks): a warning within a
 # job's lead and this much of its end time is its time limit's
 WARNING_SLACK_S = 90.0
@@ -68,19 +68,19 @@ def decide(event: Event, state: JobState) -> Decision:
     if event in (Event.SIGTERM, Event.SIGTERM_AGAIN) and state.warned and state.step_s < state.patience_s:
         return Decision(RUNNING)  # the warning's save goes on (srun and the step each pass the end's SIGTERM on)
     if event is Event.SIGTERM and state.step_s < state.patience_s:
-        return Decision(AttemptEnd(Outcome.STOPPED, Cause.SIGTERM), save=True, exit_code=STOPPED_STATUS)
+        return Decision(AttemptEnd(Outcome.STOPPED, Cause.SIGTERM), save=True, exit_code=STOPPED)
     if event in (Event.SIGTERM, Event.SIGTERM_AGAIN):
         why = state.detail or ("a second SIGTERM" if event is Event.SIGTERM_AGAIN
                                else f"SIGTERM while a step has run for {state.step_s:.0f} s")
-        return Decision(AttemptEnd(Outcome.STOPPED, Cause.SIGTERM, why, at_once=True), exit_code=STOPPED_STATUS,
+        return Decision(AttemptEnd(Outcome.STOPPED, Cause.SIGTERM, why, at_once=True), exit_code=STOPPED,
                         at_once=True)
     if event is Event.WARNING:
         cause = state.cause or Cause.SLURM_WARNING
         past = cause in COUNTED and state.spent >= state.budget
         return Decision(AttemptEnd(Outcome.STOPPED if past else Outcome.REQUEUED, cause), save=True,
-                        requeue=not past, exit_code=STOPPED_STATUS)
+                        requeue=not past, exit_code=STOPPED)
     if event is Event.REQUEUE_REFUSED:
-        return Decision(AttemptEnd(Outcome.STOPPED, state.cause or Cause.SLURM_WARNING), exit_code=STOPPED_STATUS)
+        return Decision(AttemptEnd(Outcome.STOPPED, state.cause or Cause.SLURM_WARNING), exit_code=STOPPED)
     if event is Event.PEER_FAILED:  # a bug comes back on every attempt: never requeued
         return Decision(AttemptEnd(Outcome.FAILED, Cause.RANK_FAILED, state.detail or "a rank"), exit_code=1)
     if event is Event.PEER_LOST:
@@ -89,7 +89,7 @@ def decide(event: Event, state: JobState) -> Decision:
         if state.spent >= state.budget:  # the same loss every time (a bad node): fail once, for good
             return Decision(AttemptEnd(Outcome.FAILED, Cause.PEER_LOST), exit_code=1, at_once=True,
                             forbid_requeue=True)
-        return Decision(AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST), requeue=True, exit_code=STOPPED_STATUS,
+        return Decision(AttemptEnd(Outcome.REQUEUED, Cause.PEER_LOST), requeue=True, exit_code=STOPPED,
                         at_once=True)
     raise ValueError(event)
 

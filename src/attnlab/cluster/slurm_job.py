@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from attnlab.cluster.outcome import Cause, JobState, Outcome
+from attnlab.cluster.outcome import Cause, SlurmState, Outcome
 from attnlab.utils import atomic
 
 LOST, TIME_LIMIT = Cause.PEER_LOST, Cause.TIME_LIMIT  # the causes of requeues counted against a budget
@@ -181,8 +181,8 @@ def slurm_requeues(fields: dict[str, str], preempted: bool) -> tuple[bool, str]:
     requeued all the same, why not). It is when SLURM has requeued it already (pending again, or restarted since
     this attempt began), or when it is being preempted under PreemptMode=REQUEUE (the partition's, else the
     cluster's) and can be requeued (Requeue=1)."""
-    queued = (JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_FED, JobState.REQUEUE_HOLD)
-    if JobState.of(fields.get("JobState", "")) in queued or \
+    queued = (SlurmState.PENDING, SlurmState.REQUEUED, SlurmState.REQUEUE_FED, SlurmState.REQUEUE_HOLD)
+    if SlurmState.of(fields.get("SlurmState", "")) in queued or \
             int(fields.get("Restarts", "0") or 0) > this_attempt()[1]:
         return True, ""
     if fields.get("Requeue") == "0":

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from typing import NamedTuple
 
-from attnlab.cluster.outcome import JobState
+from attnlab.cluster.outcome import SlurmState
 
 
 class Queued(NamedTuple):
@@ -18,7 +18,7 @@ class Queued(NamedTuple):
     for a running or completing job only; "" when not known). An attempt that started at another time is another
     attempt: a job requeued and started again between two polls is told from one that ran on."""
 
-    state: JobState | None
+    state: SlurmState | None
     nodes: str = ""
     began: str = ""
 
@@ -47,8 +47,8 @@ def queue_states(ids: list[str]) -> dict[str, Queued] | None:
     states = {}
     for line in out.stdout.splitlines():
         job_id, text, nodes, began = (line.strip().split("|") + ["", "", ""])[:4]
-        state = JobState.of(text)
-        states[job_id] = Queued(state, nodes, began if state in (JobState.RUNNING, JobState.COMPLETING) else "")
+        state = SlurmState.of(text)
+        states[job_id] = Queued(state, nodes, began if state in (SlurmState.RUNNING, SlurmState.COMPLETING) else "")
     return states
 
 
@@ -67,10 +67,10 @@ def accounting_on() -> bool:
     return out is not None and out.returncode == 0
 
 
-def sacct_state(job_id: str) -> JobState | None:
+def sacct_state(job_id: str) -> SlurmState | None:
     out = ask("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id)
     lines = out.stdout.splitlines() if out is not None else []
-    return JobState.of(lines[0]) if lines and lines[0].strip() else None
+    return SlurmState.of(lines[0]) if lines and lines[0].strip() else None
 
 
 def requeueable(job_id: str) -> bool | None:

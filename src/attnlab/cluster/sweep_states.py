@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from hydra.core.utils import JobStatus
 
 from attnlab.cluster import slurm_queue
-from attnlab.cluster.outcome import JobState
+from attnlab.cluster.outcome import SlurmState
 from attnlab.cluster.slurm_queue import Queued
 
 POLL_S = 2.0  # the first interval between polls; it grows by half while nothing changes, up to POLL_MAX_S
@@ -37,7 +37,7 @@ RESULT_GRACE_S = 120.0  # a COMPLETED job's result file may show late on a share
 REQUEUE_GRACE_S = 180.0  # a job ended in one of MAYBE_REQUEUED may be requeued by SLURM within this long
 RESULT_LOOK_S = 1.0  # between polls, how often the driver looks for the result files of the jobs not ended
 RESULT_LOOKS_PER_S = 200  # at most this many result files looked for a second: a larger sweep looks less often
-S = JobState
+S = SlurmState
 MAYBE_REQUEUED = {S.TIMEOUT, S.NODE_FAIL, S.PREEMPTED}
 QUEUED = {S.PENDING, S.REQUEUED, S.REQUEUE_HOLD}
 FINAL = {S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.NODE_FAIL, S.OUT_OF_MEMORY, S.PREEMPTED, S.BOOT_FAIL,
@@ -73,7 +73,7 @@ def waited(w: Any, wait: Wait, grace: float, now: float) -> bool:
     return now - w.since >= grace
 
 
-def result_verdict(w: Any) -> JobState | None:
+def result_verdict(w: Any) -> SlurmState | None:
     """COMPLETED or FAILED as the run's result file says (a run that raised returns Hydra's JobReturn with status
     FAILED; submitit's error is a traceback); None while it is not there or cannot be read yet (being written)."""
     result = w.result_file()
@@ -123,8 +123,8 @@ def follow(w: Any, queue: dict[str, Queued], accounting: bool, report: Callable[
     return changed
 
 
-def ended(w: Any, accounting: bool, queue_state: JobState | None,
-          report: Callable[[Any], None]) -> JobState | None:
+def ended(w: Any, accounting: bool, queue_state: SlurmState | None,
+          report: Callable[[Any], None]) -> SlurmState | None:
     """The verdict on a job that squeue shows ended (`queue_state`) or no longer shows (None): COMPLETED or FAILED
     from its result file, else from its end (squeue's, sacct's, or the last one known) once its wait is over (the
     module docstring's waits). None: not known yet."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from attnlab.cluster import slurm_queue, sweep_states
 from attnlab.cluster.outcome import AttemptEnd, Outcome
-from attnlab.cluster.outcome import JobState
+from attnlab.cluster.outcome import SlurmState
 from attnlab.cluster.sweep_states import FINAL, POLL_MAX_S, POLL_S, RESULT_LOOK_S, RESULT_LOOKS_PER_S, Returned, Wait
 
 log = logging.getLogger("attnlab")
@@ -28,14 +28,14 @@ class Watched:
         self.run_dir = run_dir  # where its run writes (the sweep folder's <num>), for how an attempt ended
         self.label = " ".join(o for o in overrides  # what this job of the sweep sets (not the sweeper's own keys)
                               if o.lower() not in common and not o.lstrip("+").startswith("hydra."))
-        self.state, self.nodes = JobState.SUBMITTED, ""
+        self.state, self.nodes = SlurmState.SUBMITTED, ""
         self.started = False  # an attempt was seen running (or ending) since the job last went back to the queue
         self.began = ""  # when the attempt seen running started (squeue's %S; "" when not known)
         self.requeued = False  # "requeued" said, and no attempt seen running since
         self.requeues = 0  # how many times "requeued" was said
         # sweep_states.py's: the end the controller last gave for this attempt, the one wait it is in (None: none)
         # and since when
-        self.ended_as: JobState | None = None
+        self.ended_as: SlurmState | None = None
         self.waiting: Wait | None = None
         self.since = 0.0
         self.outcome: Returned | None = None  # its result file's: (True, JobReturn) or (False, traceback text)
@@ -57,8 +57,8 @@ def watch(watched: list[Watched], poll_s: float = POLL_S, poll_max_s: float = PO
     accounting, interval, unreachable, woke = slurm_queue.accounting_on(), poll_s, False, False
     ids = [w.id for w in watched]
     for w in watched:  # as sbatch leaves it: in the queue, whether or not it starts before the first poll
-        if w.state == JobState.SUBMITTED:
-            w.state = JobState.PENDING
+        if w.state == SlurmState.SUBMITTED:
+            w.state = SlurmState.PENDING
             report(w)
     slurm_queue.QUEUE.follow(ids)
     try:
@@ -101,11 +101,11 @@ def _nap(watched: list[Watched], seconds: float) -> bool:
 
 
 def report(w: Watched) -> None:
-    where = f" on {w.nodes}" if w.state == JobState.RUNNING and w.nodes else ""
+    where = f" on {w.nodes}" if w.state == SlurmState.RUNNING and w.nodes else ""
     line = f"job {w.id} ({job_name(w)}): {state_text(w)}{where}"
-    if w.state in (JobState.RUNNING, JobState.COMPLETED):
+    if w.state in (SlurmState.RUNNING, SlurmState.COMPLETED):
         log.info(f"{line}; log {w.log_file()}")
-    elif w.state == JobState.REQUEUED:
+    elif w.state == SlurmState.REQUEUED:
         log.warning(line + _requeued_because(w))
         w.requeues += 1
     elif w.state in FINAL:
@@ -139,7 +139,7 @@ def _requeued_because(w: Watched) -> str:
 
 def state_text(w: Watched) -> str:
     """The job's state in the driver's lines: `running`, `timeout (slurm may requeue it)`, ..."""
-    if w.state == JobState.MAY_REQUEUE:
+    if w.state == SlurmState.MAY_REQUEUE:
         return f"{w.ended_as} (SLURM may requeue it)".lower()
     return str(w.state).lower()
 

@@ -66,13 +66,12 @@ def remove_unfinished() -> list[Path]:
 def _name_file(err: BaseException, file: Path) -> None:
     """Give the first OSError without a file name in `err`'s chain (ENOSPC from `write` or `close`, however deep a
     library wrapped it) the name of the file being written."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno is not None and not err.filename:
-            err.filename = str(file)
+    from attnlab.errors import causes
+
+    for e in causes(err):
+        if isinstance(e, OSError) and e.errno is not None and not e.filename:
+            e.filename = str(file)
             return
-        err = err.__cause__ or err.__context__
 
 
 def link_file(source: str | os.PathLike, link: str | os.PathLike) -> str:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnlab.cluster.outcome import JobState
+from attnlab.cluster.outcome import SlurmState
 from attnlab.cluster.sweep_states import FINAL
 from attnlab.cluster.sweep_watch import Watched, job_name, state_text, watch
 from hydra.core.utils import JobReturn, JobStatus
@@ -68,7 +68,7 @@ class SlurmLauncher(HydraSlurmLauncher):
         finally:
             for w in watched:
                 self._active.pop(w.id, None)
-        failed = [w for w in watched if w.state != JobState.COMPLETED or not w.outcome or not w.outcome.ok]
+        failed = [w for w in watched if w.state != SlurmState.COMPLETED or not w.outcome or not w.outcome.ok]
         summary = _summary(failed, len(watched), sweep_dir)
         if failed and str(self.config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
             # a grid: Hydra's basic sweeper would stop at the first failed job with a traceback; the paragraph alone
@@ -132,7 +132,7 @@ def _summary(failed: list[Watched], total: int, sweep_dir: Path) -> str:
 
 def returned(w: Watched, summary: str) -> JobReturn:
     """What Hydra's sweepers expect of a job: its JobReturn, or a failed one whose return value raises."""
-    if w.state == JobState.COMPLETED and w.outcome is not None and w.outcome.ok:
+    if w.state == SlurmState.COMPLETED and w.outcome is not None and w.outcome.ok:
         return w.outcome.value
     ret = JobReturn()
     ret.status = JobStatus.FAILED
