@@ -112,7 +112,7 @@ def test_the_jobs_node_is_the_one_sinfo_describes_to_the_driver(monkeypatch):
     monkeypatch.setattr(estimates.subprocess, "run", sinfo)
     env = {"SLURMD_NODENAME": "n1", "SLURM_JOB_PARTITION": "debug"}
     assert estimates.job_node_type(env) == estimates.node_type(parse_sinfo(line)["debug"].nodes[0]) == NODE
-    assert seen[0][:6] == ["sinfo", "-h", "-N", "-n", "n1", "-p"]  # -a with -p: sinfo refuses both
+    assert list(seen[0][:6]) == ["sinfo", "-h", "-N", "-n", "n1", "-p"]  # -a with -p: sinfo refuses both
     assert estimates.job_node_type({}) is None
 
 

@@ -446,8 +446,9 @@ def test_overlay_grid_is_saved_under_the_run_dir_and_sent_to_wandb(tmp_path):
     model._media = [(image, truth, pred)] * 2
     model._save_media()
     grid = np.asarray(Image.open(tmp_path / "media" / "val_epoch002_step000030.png"))
-    assert grid.shape == (2 * 256, 3 * 384, 3)  # 2 rows of image | truth | prediction, 256 px high
+    # 2 rows of image | truth | prediction, 256 px high, 2 px of white between and around them
+    assert grid.shape == (2 * 258 + 2, 3 * 386 + 2, 3) and (grid[0, 0] == 255).all()
     assert (grid[10, 10] == [128, 128, 128]).all()  # the image
-    assert (grid[10, 384 + 10] == [64, 64, 64]).all() and (grid[10, 384 + 300] == [192, 64, 64]).all()  # truth
-    assert (grid[10, 768 + 10] == [64, 64, 192]).all()  # prediction: class 2 over the image
+    assert (grid[10, 388 + 10] == [64, 64, 64]).all() and (grid[10, 388 + 300] == [192, 64, 64]).all()  # truth
+    assert (grid[10, 774 + 10] == [64, 64, 192]).all()  # prediction: class 2 over the image
     assert wb.logged[0]["trainer/global_step"] == 30 and isinstance(wb.logged[0]["val/overlays"], wandb.Image)

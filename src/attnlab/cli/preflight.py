@@ -187,14 +187,12 @@ def _largest_batch_estimated(est, batch_size: int) -> int | None:
     return max(0, int((est.available - fixed) // per_sample))
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    return isinstance(e, torch.cuda.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
-
-
 def _largest_batch_gpu(trainer_factory, model, dm, start: int, limit: int | None = None) -> int | None:
     """The largest batch that trains on one GPU, up to `limit` (the training split): `start` (the estimate's) tried
     first, then doubled while a size fits and bisected once one runs out of memory, SEARCH_TRIALS sizes at most.
     None when none fits."""
+    from lightning.pytorch.utilities.memory import is_oom_error
+
     from attnlab.errors import UserError
 
     limit = limit or 2**31
@@ -210,7 +208,7 @@ def _largest_batch_gpu(trainer_factory, model, dm, start: int, limit: int | None
         except UserError:  # larger than the training split
             break
         except Exception as e:  # noqa: BLE001 - only running out of memory is an answer
-            if not _out_of_memory(e):
+            if not is_oom_error(e):
                 raise
             fails = size
         finally:

@@ -151,16 +151,13 @@ def job_node_type(env=os.environ) -> str | None:
     """The kind of node this job runs on (its rank 0's), as `sinfo` reports it for the driver; None where `sinfo`
     cannot say."""
     from attnlab.cluster.nodes import SINFO_FORMAT, parse_sinfo
+    from attnlab.cluster.slurm_queue import ask
 
     node, partition = env.get("SLURMD_NODENAME"), env.get("SLURM_JOB_PARTITION")
     if not (node and partition):
         return None
-    try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-p", partition, "-o", SINFO_FORMAT],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    kinds = parse_sinfo(out.stdout).get(partition) if out.returncode == 0 else None
+    out = ask("sinfo", "-h", "-N", "-n", node, "-p", partition, "-o", SINFO_FORMAT)
+    kinds = parse_sinfo(out.stdout).get(partition) if out is not None and out.returncode == 0 else None
     return node_type(kinds.nodes[0]) if kinds and kinds.nodes else None
 
 

@@ -8,11 +8,11 @@ import glob
 import json
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
 from attnlab.cluster.outcome import Cause, SlurmState, Outcome
+from attnlab.cluster.slurm_queue import ask
 from attnlab.utils import atomic
 
 LOST, TIME_LIMIT = Cause.PEER_LOST, Cause.TIME_LIMIT  # the causes of requeues counted against a budget
@@ -122,10 +122,9 @@ def scontrol_requeue() -> tuple[bool, str]:
     of a preempted job, another rank's) counts as requeued."""
 
     job = slurm_job_id()
-    try:
-        out = subprocess.run(["scontrol", "requeue", str(job)], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
-        return False, f"scontrol requeue {job} failed ({e})"
+    out = ask("scontrol", "requeue", str(job), timeout=60)
+    if out is None:
+        return False, f"scontrol requeue {job} could not be run, or did not answer within 60 s"
     text = (out.stderr or out.stdout).strip()
     if out.returncode != 0 and "already" not in text.lower() and "pending" not in text.lower():
         return False, f"scontrol requeue {job}: {text or f'exit status {out.returncode}'}"
@@ -136,22 +135,14 @@ def forbid_requeue() -> bool:
     """Make this job non-requeueable (`scontrol update JobId=<job> Requeue=0`), so that SLURM does not requeue it
     itself either (a node failure, its batch host lost); whether SLURM took it."""
 
-    try:
-        out = subprocess.run(["scontrol", "update", f"JobId={slurm_job_id()}", "Requeue=0"], capture_output=True,
-                             text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0
+    out = ask("scontrol", "update", f"JobId={slurm_job_id()}", "Requeue=0", timeout=60)
+    return out is not None and out.returncode == 0
 
 
 def slurm_fields(*what: str) -> dict[str, str]:
     """`scontrol show <what> -o` (`job <id>`, `partition <name>`, `config`) as {key: value}; {} when it cannot say."""
-    try:
-        out = subprocess.run(["scontrol", "show", *what, *(["-o"] if what[0] != "config" else [])],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if out.returncode != 0:
+    out = ask("scontrol", "show", *what, *(["-o"] if what[0] != "config" else []), timeout=10)
+    if out is None or out.returncode != 0:
         return {}
     if what[0] == "config":
         return {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in out.stdout.splitlines()) if v}

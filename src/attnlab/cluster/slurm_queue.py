@@ -23,10 +23,10 @@ class Queued(NamedTuple):
     began: str = ""
 
 
-def ask(*command: str) -> subprocess.CompletedProcess | None:
-    """A SLURM command's answer (text), or None when it cannot be run or does not answer within 30 s."""
+def ask(*command: str, timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """A SLURM command's answer (text), or None when it cannot be run or does not answer within `timeout` s."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=30)
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -1,6 +1,7 @@
 """The bridge to submitit, the one module that touches its internals: the signal handler submitit installs in a job
 of `launcher=slurm` (which requeues it), and its requeue told attnlab's answer (time limit or not) and the ledger's
-count of time limits left, which its job pickle keeps; the batch script an executor would submit."""
+count of time limits left, which its job pickle keeps; the executor Hydra's launcher builds, and the batch script it
+would submit."""
 
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ def requeue(handler, signum: int, timed_out: bool, countdown: int) -> tuple[bool
         return False, f"scontrol requeue failed ({e})"
     finally:
         del handler.has_timed_out
+
+
+def slurm_executor(params: dict, folder):
+    """The `AutoExecutor` Hydra's submitit launcher builds for `hydra.launcher` = params (resolved), as its `launch`
+    does: `max_num_timeout` given to its constructor, the keys of Hydra's `BaseQueueConf` as they are, any other as
+    `slurm_<key>`."""
+    import submitit
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    executor = submitit.AutoExecutor(cluster="slurm", folder=folder,
+                                     slurm_max_num_timeout=params.get("max_num_timeout") or 0)
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
+                                  if k not in ("_target_", "submitit_folder", "max_num_timeout")})
+    return executor
 
 
 def batch_script(executor, command: str, name: str) -> str:

@@ -33,14 +33,9 @@ def overlay(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequence[int]
 
 def overlay_grid(rows: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], palette: Sequence[Sequence[int]],
                  height: int = 256) -> np.ndarray:
-    """One row per sample: image | ground truth over the image | prediction over the image, each `height` px high."""
-    tiles = []
-    for image, truth, pred in rows:
-        h, w = truth.shape
-        size = (max(1, round(w * height / h)), height)
-        panels = [image, overlay(image, truth, palette), overlay(image, pred, palette)]
-        row = [np.asarray(Image.fromarray(p).resize(size, Image.NEAREST)) for p in panels]
-        tiles.append(np.concatenate(row, axis=1))  # (height, 3 w', 3)
-    width = max(t.shape[1] for t in tiles)
-    tiles = [np.pad(t, ((0, 0), (0, width - t.shape[1]), (0, 0))) for t in tiles]
-    return np.concatenate(tiles, axis=0)  # (rows * height, width, 3)
+    """One row per sample: image | ground truth over the image | prediction over the image, each `height` px high
+    (media.panel_grid)."""
+    from attnlab.utils.media import panel_grid
+
+    return panel_grid([[image, overlay(image, truth, palette), overlay(image, pred, palette)]
+                       for image, truth, pred in rows], height=height)

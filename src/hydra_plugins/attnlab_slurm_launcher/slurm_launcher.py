@@ -78,11 +78,10 @@ class SlurmLauncher(HydraSlurmLauncher):
 
     def _submit(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """Hydra's submission (its `launch` up to the wait): the executor, its parameters, one array of jobs."""
-        import submitit
         from hydra.core.singleton import Singleton
         from hydra.core.utils import filter_overrides
-        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-        from omegaconf import OmegaConf
+
+        from attnlab.cluster.submitit_bridge import slurm_executor
 
         assert self.config is not None
         params = dict(self.params)
@@ -91,12 +90,7 @@ class SlurmLauncher(HydraSlurmLauncher):
         srun_args = list(params.get("srun_args") or [])
         if not any(str(a).startswith("--export") for a in srun_args):
             params["srun_args"] = [*srun_args, "--export=ALL"]
-        init_keys = {"max_num_timeout", "submitit_folder"}
-        executor = submitit.AutoExecutor(cluster="slurm", folder=params["submitit_folder"],
-                                         slurm_max_num_timeout=params.get("max_num_timeout", 0))
-        base = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
-                                      if k not in init_keys})
+        executor = slurm_executor(params, params["submitit_folder"])
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info(f"SLURM sweep of {len(job_overrides)} job(s), output in {sweep_dir}")

@@ -47,17 +47,9 @@ _REFUSALS = [
 def submission_script(params: dict[str, Any], folder: Path) -> str:
     """The batch script Hydra's submitit launcher submits for `hydra.launcher` = params (resolved), as its `launch`
     builds it: the same executor, the same parameters."""
-    import submitit
-    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-    from omegaconf import OmegaConf
+    from attnlab.cluster.submitit_bridge import batch_script, slurm_executor
 
-    params = {k: v for k, v in params.items() if k not in ("_target_", "submitit_folder")}
-    executor = submitit.AutoExecutor(cluster="slurm", folder=folder,
-                                     slurm_max_num_timeout=params.pop("max_num_timeout", 0) or 0)
-    base = set(OmegaConf.structured(BaseQueueConf).keys())
-    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
-    from attnlab.cluster.submitit_bridge import batch_script
-
+    executor = slurm_executor(params, folder)
     return batch_script(executor, "true", "attnlab-fit-check")
 
 
