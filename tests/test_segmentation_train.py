@@ -76,7 +76,8 @@ def test_short_membrane_run_beats_the_trivial_prediction(short_run):
     media = sorted((short_run / "media").glob("val_epoch000_*.png"))
     assert len(media) == 1
     grid = Image.open(media[0])
-    assert grid.size == (3 * 256, 4 * 256)  # image | truth | prediction, for 4 validation slices
+    pad = 2  # white pixels around and between the panels
+    assert grid.size == (3 * 256 + 4 * pad, 4 * 256 + 5 * pad)  # image | truth | prediction, for 4 validation slices
 
 
 @pytest.fixture(scope="module")
