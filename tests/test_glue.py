@@ -17,7 +17,7 @@ import yaml
 import glue_mini
 from attnlab.compare.glue import cell, glue_table, markdown
 from attnlab.data.text.glue import GlueDataModule
-from attnlab.glue_tasks import LEADERBOARD, TASKS
+from attnlab.data.text.glue_tasks import LEADERBOARD, TASKS
 from attnlab.errors import UserError
 from conftest import FAST, compose_cfg, run_cli, run_here
 

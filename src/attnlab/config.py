@@ -134,7 +134,7 @@ def fast_precision(accelerator: str = "auto") -> str:
 
 
 def register_resolvers() -> None:
-    from attnlab import glue_tasks
+    from attnlab.data.text import glue_tasks
     from attnlab.cluster import launch
 
     resolvers = {

@@ -46,7 +46,8 @@ def run_app(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 def begin(cfg: DictConfig) -> None:
     """What every entry point does first with its composed config: prepared (attnlab.config.prepare), a model/data
-    pair of other kinds refused, then the config tree, secrets redacted, printed where extras.print_config asks."""
+    pair of other kinds refused, then, where extras.print_config asks, the config (secrets redacted) printed as a Rich
+    tree, one branch per group, and saved to the run's config_tree.log."""
     from attnlab.checkpoints import trust
     from attnlab.config import check_compatible, prepare
 
@@ -60,34 +61,30 @@ def begin(cfg: DictConfig) -> None:
     printed = (cfg.get("extras") or {}).get("print_config") and _is_rank_zero()
     shown = OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))) if printed else None
     restore(cfg)  # the secrets taken off the command line, in memory only (attnlab.redact)
-    if shown is not None:
-        print_config_tree(shown, Path(cfg.paths.output_dir) / "config_tree.log")
-
-
-# the order in which the printed tree shows the config groups; any other key follows, `hydra` never
-TREE_ORDER = ("data", "model", "optimizer", "scheduler", "callbacks", "logger", "trainer", "paths", "extras")
-
-
-def print_config_tree(cfg: DictConfig, save_to: Path | None = None) -> None:
-    """Print the config as a Rich tree, one branch per group, and save the same tree to `save_to`."""
+    if shown is None:
+        return
     import rich
     import rich.syntax
     import rich.tree
 
     tree = rich.tree.Tree("CONFIG", style="dim", guide_style="dim")
-    for key in [k for k in TREE_ORDER if k in cfg] + [k for k in cfg if k not in TREE_ORDER and k != "hydra"]:
+    for key in [k for k in TREE_ORDER if k in shown] + [k for k in shown if k not in TREE_ORDER and k != "hydra"]:
         branch = tree.add(key, style="bold", guide_style="dim")
-        if OmegaConf.is_missing(cfg, key):  # a required value the command line did not give: the app says which
+        if OmegaConf.is_missing(shown, key):  # a required value the command line did not give: the app says which
             branch.add(rich.syntax.Syntax("???", "yaml"))
             continue
-        node = cfg[key]
+        node = shown[key]
         text = OmegaConf.to_yaml(node, resolve=True) if isinstance(node, DictConfig) else str(node)
         branch.add(rich.syntax.Syntax(text, "yaml"))
     rich.print(tree)
-    if save_to is not None:
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        with open(save_to, "w") as f:
-            rich.print(tree, file=f)
+    save_to = Path(cfg.paths.output_dir) / "config_tree.log"
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    with open(save_to, "w") as f:
+        rich.print(tree, file=f)
+
+
+# the order in which the printed tree shows the config groups; any other key follows, `hydra` never
+TREE_ORDER = ("data", "model", "optimizer", "scheduler", "callbacks", "logger", "trainer", "paths", "extras")
 
 
 def run_process(main: Callable[[], Any]) -> None:

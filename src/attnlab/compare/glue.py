@@ -22,7 +22,7 @@ from pathlib import Path
 
 from attnlab.compare.runs import Run, differing_keys, find_runs
 from attnlab.compare.table import grouping_keys
-from attnlab.glue_tasks import LEADERBOARD, TASKS
+from attnlab.data.text.glue_tasks import LEADERBOARD, TASKS
 from attnlab.errors import UserError
 
 HEADERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI-m/mm",

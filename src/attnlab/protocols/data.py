@@ -4,24 +4,17 @@ user's), and `DataInfo`: the one contract between data and model.
 Every hook is optional; the accessors below give the answer for a data module without it. attnlab's
 `BaseDataModule` (attnlab.data.base) has them all.
 
-- `info() -> DataInfo` (`Informs`): what the prepared data tells the task, once it is set up. Called by
-  `cli/builders.build_datamodule` (the sizes go into the run's `data` config: `vocab_size: ${data.vocab_size}`),
-  `cli/builders.build_task` (the objects become the task's constructor arguments) and `cli/eval.py` (for the task's
-  `check_data`). Without it: a `DataInfo` of the module's `kind`, or empty.
-- `use_tokenizer(tokenizer_json: str) -> None` (`TakesTokenizer`): read the text with this tokenizer, the one of the
-  weights the run starts from (the task's `init_tokenizer`). Called by `cli/builders.build_datamodule` before
-  `prepare_data()`. Without it: the data keeps its own.
-- `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split (the data has none of its
-  own, or the user asked for that); `cli/train.py` and `cli/eval.py` say so with the test results (`metrics.json`'s
-  `test_is_validation`). Without it: false.
-- `benchmark_split: str` (`ReportsValidation`): the validation split is the benchmark's official evaluation set,
-  the one published results are reported on (ImageNet-1k's, ADE20K's), named in words; `cli/report.py` says so in
-  the summary and records `"reported_split": "val"` in `metrics.json`. Without it (or empty): nothing is said.
-- `batch_size: int` (`Batched`): samples per training batch; `optimizer.blr` scales the lr by it
-  (`tasks/base.py`), preflight searches it. Without it: `optimizer.blr` is refused.
-- `train_set` (`HasTrainSet`, a sized dataset): the training split, which no batch may exceed (preflight).
-
-The sizes the data determines (`num_classes`, `image_size`, `vocab_size`, ...) live in `DataInfo`.
+- `info() -> DataInfo` (`Informs`): what the prepared data tells the task: its sizes (which model configs read as
+  `${data.vocab_size}`) and the objects the task takes as arguments. Without it: a `DataInfo` of its `kind`.
+- `use_tokenizer(tokenizer_json)` (`TakesTokenizer`): read the text with the tokenizer of the weights the run starts
+  from, before `prepare_data()`. Without it: the data keeps its own.
+- `test_is_validation: bool` (`SharesTestSplit`): the test split is the validation split, which the test results
+  say (`metrics.json`'s `test_is_validation`). Without it: false.
+- `benchmark_split: str` (`ReportsValidation`): the validation split is the benchmark's official evaluation set
+  (ImageNet-1k's, ADE20K's), named in words in the summary and in `metrics.json`. Without it: nothing is said.
+- `batch_size: int` (`Batched`): samples per training batch, which `optimizer.blr` scales the lr by and preflight
+  searches. Without it: `optimizer.blr` is refused.
+- `train_set` (`HasTrainSet`, a sized dataset): the training split, which no batch may exceed.
 """
 
 from __future__ import annotations

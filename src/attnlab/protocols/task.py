@@ -1,40 +1,32 @@
 """What the platform may call on a task: the LightningModule `model._target_` names, attnlab's or a user's.
 
-Every hook is optional. A LightningModule that defines none trains, tests, evaluates and predicts (with a
-`predictor`) like attnlab's own tasks; each hook adds what its caller below says. attnlab's `BaseTask`
-(attnlab.tasks.base) has the instance hooks with neutral answers, and its tasks override those they need.
+Every hook is optional: a LightningModule that defines none trains, tests, evaluates and predicts (with a
+`predictor`) like attnlab's own tasks. attnlab's `BaseTask` (attnlab.tasks.base) has the instance hooks with neutral
+answers. Class-level hooks are called on the task class before a task exists:
 
-Class-level hooks, called on the task class before a task exists:
-
-- `net_settings(settings: dict) -> dict[str, tuple[inspect.Parameter, Any]]` (`NetworkSettings`): the settings of
-  the network `model.net` names, which the class's `**kwargs` carry to it. Called by the config checks
-  (`cli/checks.py`), which then check `model.n_layer` like a constructor argument.
-- `init_tokenizer(init_from: str) -> str | None` (`ReadsInitTokenizer`): the tokenizer (JSON) of the weights
-  `model.init_from` names. Called by `cli/plan.plan_training`; the data module then reads its text with it
-  (`use_tokenizer`, attnlab.protocols.data).
-- `init_settings(init_from: str) -> dict` (`ReadsInitSettings`): the network settings those weights fix (an `hf:`
-  folder's sizes). Called by `cli/plan.plan_training`, which writes them into `model.*` before the task is built.
-- `predictor: str` (`Predicts`): the dotted path of a function `predict(model, cfg, run_cfg)`. Called by
-  `cli/predict` (predict.py); attnlab's tasks need none (their module's name finds `attnlab.cli.predict.<module>`).
+- `net_settings(settings) -> {name: (inspect.Parameter, value)}` (`NetworkSettings`): the settings of the network
+  `model.net` names, which the class's `**kwargs` carry to it; the config checks check them like arguments.
+- `init_tokenizer(init_from) -> str | None` (`ReadsInitTokenizer`): the tokenizer (JSON) of the weights
+  `model.init_from` names, which the data then reads its text with.
+- `init_settings(init_from) -> dict` (`ReadsInitSettings`): the network settings those weights fix (an `hf:`
+  folder's sizes), written into `model.*` before the task is built.
+- `predictor: str` (`Predicts`): the dotted path of a function `predict(model, cfg, run_cfg)` for predict.py.
 
 Instance hooks:
 
-- `check_data(info: DataInfo) -> None` (`ChecksData`): refuse data the model cannot take (a vocabulary larger than
-  its embedding, another tokenizer than its checkpoint's). Called once where a task meets the data:
-  `cli/builders.build_task` (for a `BaseTask`) and `cli/eval.py`.
-- `batch_size_of(batch) -> int` (`CountsBatch`): samples in a batch. Called by preflight and the throughput
-  callback. Without it: the leading dimension of the batch's first tensor.
-- `tokens_of(batch) -> int | Tensor` (`CountsTokens`): tokens in a batch (a count on the device is read at the end
-  of a window). Without it: no tokens/s.
-- `flops_per_sample() -> float | None` (`CountsFlops`): training FLOPs per sample, for `perf/mfu` and preflight's
-  MFU. Without it: no MFU.
-- `flops_of(batch) -> float` (`CountsBatchFlops`): training FLOPs of one batch, for tasks whose batches vary in
-  shape. Without it: `flops_per_sample() x batch_size_of(batch)`.
-- `decode_cfg: dict` (`Decodes`): the decoding settings that eval.py's `decode.*` update and predict.py decodes
-  with. Without it: eval.py refuses `decode.*`.
+- `check_data(info: DataInfo)` (`ChecksData`): refuse data the model cannot take (a vocabulary larger than its
+  embedding, another tokenizer than its checkpoint's), once, where the task meets the data.
+- `batch_size_of(batch) -> int` (`CountsBatch`): samples in a batch. Without it: the leading dimension of the
+  batch's first tensor.
+- `tokens_of(batch) -> int | Tensor` (`CountsTokens`): tokens in a batch. Without it: no tokens/s.
+- `flops_per_sample() -> float | None` (`CountsFlops`): training FLOPs per sample (`perf/mfu`). Without it: no MFU.
+- `flops_of(batch) -> float` (`CountsBatchFlops`): training FLOPs of one batch, for batches that vary in shape.
+  Without it: `flops_per_sample() x batch_size_of(batch)`.
+- `decode_cfg: dict` (`Decodes`): the decoding settings eval.py's `decode.*` update. Without it: `decode.*` is
+  refused.
 - `net: nn.Module`: the network export.py writes. Without it: export.py refuses the checkpoint.
-- `tokenizer_json: str | tuple[str | None, ...] | None` (`CarriesTokenizer`): the tokenizer(s) export.py writes
-  beside the weights, and eval.py reads the data with.
+- `tokenizer_json: str | tuple[str | None, ...] | None` (`CarriesTokenizer`): the tokenizer(s) written beside the
+  exported weights, and read by eval.py.
 """
 
 from __future__ import annotations

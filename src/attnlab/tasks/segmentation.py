@@ -21,7 +21,7 @@ from attnlab.tasks.base import BaseTask
 from attnlab.tasks.seg_metrics import RandError
 from attnlab.tasks.seg_weights import border_weights, check_border_weight
 from attnlab.utils.media import denormalize, log_table, save_media
-from attnlab.utils.seg_media import overlay_grid
+from attnlab.tasks.seg_media import overlay_grid
 
 log = logging.getLogger("attnlab")
 

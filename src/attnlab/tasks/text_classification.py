@@ -89,7 +89,7 @@ class TextClassifier(TokenizerInCheckpoint, BaseTask):
                                            for st in ("val", "test") for x in self.sets})
 
     def metrics_of(self, num_classes: int) -> dict[str, torch.nn.Module]:
-        """What a validation set is scored by, as GLUE reports it (attnlab.glue_tasks)."""
+        """What a validation set is scored by, as GLUE reports it (attnlab.data.text.glue_tasks)."""
         if self.target is Target.SCORES:
             return {"pearson": PearsonCorrCoef(), "spearman": SpearmanCorrCoef()}
         if num_classes == 2:

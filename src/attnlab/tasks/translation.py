@@ -223,7 +223,7 @@ class Translator(BaseTask):
     def draw_alignments(self) -> None:
         if getattr(self.net.config, "attention", "transformer") == "none" or self._fixed is None:
             return  # nothing to draw: no attention
-        from attnlab.utils.alignment import plot_alignment
+        from attnlab.tasks.alignment import plot_alignment
 
         folder = run_folder(self.trainer, "alignments")
         if folder is None:  # a Trainer without a run folder: no files to draw into

@@ -16,7 +16,7 @@ log = logging.getLogger("attnlab")
 def predict(model, cfg, run_cfg) -> list[Path]:
     from attnlab.data.images.base import image_files
     from attnlab.data.segmentation.datamodule import channels_of, open_image
-    from attnlab.utils.seg_media import palette_png
+    from attnlab.tasks.seg_media import palette_png
 
     files = image_files(cfg.get("input"), skip_suffix="_mask")
     h = model.hparams

@@ -5,7 +5,7 @@ matched and mismatched, each its own loader. AX is evaluation only: an MNLI chec
 
 Read from one of three forms: Hugging Face's hub (then its cache), a `datasets` `save_to_disk` folder, or the
 `glue_data/` tree of GLUE's download script (`<TASK>/{train,dev,test}.tsv`, each task with its own columns).
-What each task holds and reports: attnlab.glue_tasks.
+What each task holds and reports: attnlab.data.text.glue_tasks.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from attnlab.glue_tasks import DOWNLOAD, TASKS, val_names
+from attnlab.data.text.glue_tasks import DOWNLOAD, TASKS, val_names
 from attnlab.data.text.classification import TextClassificationDataModule
 from attnlab.errors import UserError
 
