@@ -259,7 +259,14 @@ import torch.distributed.checkpoint as dcp
 from attnlab.cli.builders import load_task
 from attnlab.optim.param_groups import param_groups
 from attnlab.checkpoints.resume import read_run_metadata
-from attnlab.checkpoints.sharded import by_name
+
+
+def by_name(optimizer_state, names):  # an optimizer's state keyed by parameter name, as FSDP's sharded state keys it
+    ids = [i for group in optimizer_state["param_groups"] for i in group["params"]]
+    name_of = dict(zip(ids, names))
+    groups = [g | {"params": [name_of[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]
+    return {"state": {name_of[i]: s for i, s in optimizer_state["state"].items()}, "param_groups": groups}
+
 
 src, out = sys.argv[1:]
 dist.init_process_group("gloo")

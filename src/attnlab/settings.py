@@ -9,7 +9,6 @@ Nothing here imports torch, so `train.py --help` stays fast.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -60,12 +59,6 @@ PLATFORM_GROUPS: dict[str, type] = {"model": ModelKeys, "optimizer": OptimizerKe
 
 # group -> {key: default}; a default of None is not written into a node that leaves the key out
 PLATFORM_KEYS: dict[str, dict[str, Any]] = {g: dataclasses.asdict(cls()) for g, cls in PLATFORM_GROUPS.items()}
-
-
-def platform_hints(group: str) -> dict[str, Any]:
-    """The type hints of a group's platform keys, for the config checks."""
-    cls = PLATFORM_GROUPS.get(group)
-    return typing.get_type_hints(cls, include_extras=True) if cls is not None else {}
 
 
 def split_optimizer(node: dict) -> tuple[dict, OptimizerKeys]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, get_type_hints
 
 from annotated_types import Ge, Gt, Interval
 from pydantic import AfterValidator, ConfigDict
@@ -27,7 +27,6 @@ class MultipleOf:
     divide."""
 
     key: str
-
 
 
 def _codec(name: str) -> str:
@@ -54,3 +53,12 @@ class DecodeSettings(TypedDict, total=False):
     max_len: PositiveInt | None            # output tokens at most
     max_len_a: NonNegativeFloat | None     # and at most a x source length + b
     max_len_b: NonNegativeInt | None
+
+
+def type_hints(obj: Any) -> dict[str, Any]:
+    """The type hints of a class or function, with their `Annotated` ranges; empty where one cannot be evaluated
+    here (those parameters go unchecked)."""
+    try:
+        return get_type_hints(obj, include_extras=True)
+    except Exception:
+        return {}

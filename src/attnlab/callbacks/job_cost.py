@@ -18,7 +18,7 @@ MIN_STEPS = 5  # fewer steps than this measure the start more than the steps
 class JobCost(Callback):
     """On rank 0 of a SLURM job: the run's start-up, seconds per step, steps per epoch and peak memory per node,
     recorded under the job's partition and the run's key (`where_recorded`) when fit ends after at least MIN_STEPS
-    steps, or when the attempt runs out of time (`out_of_time`)."""
+    steps, or when the attempt runs out of time."""
 
     def __init__(self):
         self.startup_s: float | None = None
@@ -40,8 +40,15 @@ class JobCost(Callback):
         self.record(trainer, (time.monotonic() - self.started) / steps)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if self.where is not None and ran_out_of_time(trainer, exception):
-            out_of_time(trainer)
+        """An attempt that ran out of its time limit is recorded with its step time the process's whole age
+        (start-up, validation and checkpoints included) over the steps it did, marked `ran_out` so that a later
+        attempt of the same job does not lower it. Once per attempt."""
+        from attnlab.cluster.costs import process_age_s
+
+        if self.where is None or self.ran_out or not ran_out_of_time(trainer, exception):
+            return
+        self.ran_out = True
+        self.record(trainer, process_age_s() / max(1, trainer.global_step - self.first_step), ran_out=True)
 
     def record(self, trainer, step_s: float, ran_out: bool = False) -> None:
         from attnlab.cluster import costs as estimates
@@ -58,23 +65,6 @@ class JobCost(Callback):
             estimates.record(*self.where, measured)
         except Exception:  # a cache that cannot be written costs the next job its estimate, nothing more
             pass
-
-    @staticmethod
-    def of(trainer) -> JobCost | None:
-        return next((c for c in trainer.callbacks if isinstance(c, JobCost)), None)
-
-
-def out_of_time(trainer) -> None:
-    """Record an attempt that ran out of its time limit: its step time is the process's whole age (start-up,
-    validation and checkpoints included) over the steps it did, marked `ran_out` so that a later attempt of the same
-    job does not lower it (attnlab.cluster.costs.record). Rank 0 only, once per attempt; nothing outside a SLURM job."""
-    from attnlab.cluster.costs import process_age_s
-
-    cost = JobCost.of(trainer)
-    if cost is None or cost.where is None or cost.ran_out:
-        return
-    cost.ran_out = True
-    cost.record(trainer, process_age_s() / max(1, trainer.global_step - cost.first_step), ran_out=True)
 
 
 def ran_out_of_time(trainer, exception: BaseException) -> bool:

@@ -26,7 +26,6 @@ from attnlab.compat import stand_down_rank_observer, stop_after_this_step
 from attnlab.cluster.submitit_bridge import submitit_handler, submitit_signals
 
 
-
 class SignalGuard(Callback):
     def __init__(self, patience_s: float = 30.0):
         self.patience_s = patience_s

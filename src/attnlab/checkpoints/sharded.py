@@ -152,15 +152,6 @@ def read_sharded(path: str | Path, read_meta, trusted: bool = False) -> dict[str
     return checkpoint
 
 
-def by_name(optimizer_state: dict, names: list[str]) -> dict:
-    """An optimizer's state_dict keyed by parameter name (`names`, in the order of its param groups' parameters), as
-    FSDP's sharded optimizer state keys it."""
-    ids = [i for group in optimizer_state["param_groups"] for i in group["params"]]
-    name_of = dict(zip(ids, names))
-    groups = [g | {"params": [name_of[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]
-    return {"state": {name_of[i]: s for i, s in optimizer_state["state"].items()}, "param_groups": groups}
-
-
 def by_index(optimizer_state: dict) -> dict:
     """An optimizer's state_dict keyed by parameter name, keyed by index as `torch.optim` keys it (the parameters
     numbered in the order of the param groups)."""

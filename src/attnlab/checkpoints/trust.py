@@ -217,13 +217,6 @@ def _resolve(name: str) -> Any:
         return None
 
 
-def readable_env() -> frozenset[str]:
-    """The environment variables a file's interpolations may read: those attnlab's packaged configs read."""
-    from attnlab.settings import CONF_DIR
-
-    return _folder(CONF_DIR)[1]
-
-
 # ---- the rule
 
 def decide(kind: str, name: str, key: str | None = None) -> bool:
@@ -301,17 +294,6 @@ def refused_name(node: Any, trusting: bool | None = None) -> tuple[str, str, str
     return None
 
 
-def refused_env(node: Any) -> tuple[str, str] | None:
-    """The first (key, variable) of `node` whose interpolation reads an environment variable attnlab's own configs
-    do not read."""
-    allowed = readable_env()
-    for where, value in _strings(node):
-        for variable in _ENV.findall(value):
-            if variable not in allowed:
-                return where, variable
-    return None
-
-
 def _strings(node: Any, where: str = "") -> Iterator[tuple[str, str]]:
     if isinstance(node, Mapping):
         for key, value in node.items():
@@ -344,7 +326,10 @@ def check_names(node: Any, source: str, trusting: bool | None = None) -> None:
     if found is not None:
         where, kind, name = found
         raise refusal(source, kind, name, where)
-    env = refused_env(node)
+    from attnlab.settings import CONF_DIR
+
+    allowed = _folder(CONF_DIR)[1]  # the environment variables attnlab's packaged configs read
+    env = next(((w, v) for w, value in _strings(node) for v in _ENV.findall(value) if v not in allowed), None)
     if env is not None:
         where, variable = env
         raise UserError(

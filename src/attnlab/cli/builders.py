@@ -125,6 +125,7 @@ def _parameters(target: str) -> set[str]:
 def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, strategy=None):
     """The Trainer of cfg.trainer, as the run's plan decided it; `strategy`, where given (the one made for the task:
     FSDP given the network's block classes), replaces trainer.strategy."""
+    pin_subprocess_ranks_to_job()
     trainer_cfg = cfg.trainer
     if plan.trainer.accelerator == "cpu" and isinstance(trainer_cfg.get("devices"), int):
         # CPU processes of a DDP run share the cores instead of each taking all of them (and never take more
@@ -157,6 +158,25 @@ def build_trainer(cfg: DictConfig, plan, callbacks: list, loggers: list, strateg
     if plugins:
         extra["plugins"] = plugins
     return instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False, **extra)
+
+
+def pin_subprocess_ranks_to_job() -> None:
+    """In a job of a multirun, the command Lightning re-executes for each extra DDP rank is a single run of this job
+    (its own overrides, an Optuna trial's parameters among them) in the job's directory: one directory per job,
+    never one per rank."""
+    import sys
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import read_write
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    hc = HydraConfig.get()
+    # hydra.mode=RUN: a config that sets MULTIRUN itself (hparams_search=...) would make each rank a sweep of its own
+    sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]
+    with read_write(hc), open_dict(hc):
+        hc.run.dir = hc.runtime.output_dir
 
 
 def with_slurm_environment(plugins: list, trainer_cfg: DictConfig) -> tuple[list, DictConfig]:

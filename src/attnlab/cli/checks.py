@@ -23,9 +23,9 @@ from attnlab.compat import config_node, raw_value
 from attnlab.config import named_parameters
 from attnlab.errors import UserError
 from attnlab.protocols import task as task_hooks
-from attnlab.settings import PLATFORM_KEYS, RunSettings, platform_hints, split_optimizer
+from attnlab.settings import PLATFORM_GROUPS, PLATFORM_KEYS, RunSettings, split_optimizer
 from attnlab.types import (Fraction, MultipleOf, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
-                           UnitInterval)
+                           UnitInterval, type_hints)
 
 # top-level nodes that are the platform's own settings, not constructors
 _SKIP = {"hydra", "paths", "extras", "launcher", "hparams_search"}
@@ -76,7 +76,7 @@ EXTRA_HINTS = {"lightning.pytorch.Trainer": TrainerRanges, "lightning.Trainer": 
 
 def check_config(cfg: DictConfig) -> None:
     problems: list[str] = []
-    for key, hint in _hints(RunSettings).items():
+    for key, hint in type_hints(RunSettings).items():
         problems += _check_value("", key, cfg, hint) if key in cfg else []
     for path, node in _target_nodes(cfg):
         problems += _check_node(path, node)
@@ -114,12 +114,12 @@ def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[s
     the rest reach."""
     if not inspect.isclass(fn):
         sig = inspect.signature(fn)
-        return dict(sig.parameters), _hints(fn), any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+        return dict(sig.parameters), type_hints(fn), any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
     params, hints = {}, {}
 
     def add(init) -> inspect.Signature:
         sig = inspect.signature(init)
-        init_hints = _hints(init)
+        init_hints = type_hints(init)
         for name, p in sig.parameters.items():
             if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in params:
                 params[name] = p
@@ -146,13 +146,6 @@ def _signature(fn, settings: dict) -> tuple[dict[str, inspect.Parameter], dict[s
     return params, hints, True
 
 
-def _hints(fn) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn, include_extras=True)
-    except Exception:  # a hint that cannot be evaluated here: that parameter goes unchecked
-        return {}
-
-
 def _check_node(path: str, node: DictConfig) -> list[str]:
     target = node._target_
     group = path.split(".")[0]
@@ -176,7 +169,7 @@ def _check_node(path: str, node: DictConfig) -> list[str]:
         if key.startswith("_"):
             continue
         if key in platform - taken:
-            hint = platform_hints(group).get(key, inspect.Parameter.empty)
+            hint = type_hints(PLATFORM_GROUPS[group]).get(key, inspect.Parameter.empty)
             problems += _check_value(path, key, node, hint)
             continue
         if key not in params:

@@ -58,7 +58,9 @@ def entry_point(config_name: str, work: Callable[[Any], Any], prepare: Callable[
     import hydra
 
     from attnlab.cli.app import run_app, run_process
-    from attnlab.config import CONF_DIR
+    from attnlab.config import CONF_DIR, register_resolvers
+
+    register_resolvers()  # the resolvers the configs name, before Hydra composes (or a job of a sweep resolves) them
 
     def task(cfg):
         return run_app(work, cfg)

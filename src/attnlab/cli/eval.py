@@ -5,9 +5,6 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from attnlab.cli.command_line import entry_point
-from attnlab.config import register_resolvers
-
-register_resolvers()
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -74,7 +71,3 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 # the `eval.py` script and the `attnlab-eval` command: main(), then the process ends without teardown
 main, run = entry_point("eval", evaluate)
-
-
-if __name__ == "__main__":
-    run()

@@ -13,9 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from attnlab.cli.command_line import entry_point
-from attnlab.config import register_resolvers
 
-register_resolvers()
 
 FORMATS = ("safetensors", "hf")
 
@@ -60,8 +58,8 @@ def export(cfg: DictConfig) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     save_model(net, str(out / "model.safetensors"), metadata={"format": "pt", "attnlab_net": str(name)})
-    config = {"task": meta["config"]["model"]["_target_"], "net": name, "settings": _jsonable(settings)}
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    config = {"task": meta["config"]["model"]["_target_"], "net": name, "settings": settings}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
     written = [out / "model.safetensors", out / "config.json"]
     for key, text in task_hooks.tokenizers(model).items():
         data = json.loads(text)
@@ -72,17 +70,5 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
-
-
 # the `export.py` script and the `attnlab-export` command: main(), then the process ends without teardown
 main, run = entry_point("export", export)
-
-
-if __name__ == "__main__":
-    run()

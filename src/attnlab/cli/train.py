@@ -14,9 +14,7 @@ import logging
 from omegaconf import DictConfig
 
 from attnlab.cli.command_line import entry_point
-from attnlab.config import register_resolvers
 
-register_resolvers()
 log = logging.getLogger("attnlab")
 
 
@@ -59,7 +57,6 @@ def train(cfg: DictConfig) -> float | None:
     from attnlab.callbacks.run_metadata import RunMetadata
     from attnlab.callbacks.signals import SignalGuard
     from attnlab.cli import builders, report
-    from attnlab.cli.hydra_ddp import pin_subprocess_ranks_to_job
     from attnlab.protocols import data as data_hooks
     from attnlab.redact import redact
     from attnlab.checkpoints.resume import check_continues
@@ -97,7 +94,6 @@ def train(cfg: DictConfig) -> float | None:
     # ---- the config's loggers and callbacks and the platform's, the Trainer
     loggers = builders.build_loggers(cfg, wandb_resume_id=meta.get("wandb_run_id"), resuming=bool(ckpt_path))
     callbacks = builders.build_callbacks(cfg, has_logger=bool(loggers)) + platform
-    pin_subprocess_ranks_to_job()
     trainer = builders.build_trainer(cfg, plan, callbacks, loggers, strategy)
     for lg in loggers:
         lg.log_hyperparams(resolved | builders.count_parameters(model))
@@ -139,7 +135,3 @@ def train(cfg: DictConfig) -> float | None:
 # the `train.py` script, the `attnlab-train` command and `python -m attnlab.train`: main(), then the process ends
 # without teardown
 main, run = entry_point("train", _work)
-
-
-if __name__ == "__main__":
-    run()

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnlab.utils.dotted import select
 from attnlab.utils.env import hwm_bytes
 from attnlab.utils.paths import is_under
 
@@ -76,7 +77,8 @@ def data_size(cfg) -> dict[str, list[int]]:
     under the cache, log or output folders); a folder counts its first MAX_DATA_ENTRIES entries, breadth first."""
     from omegaconf import DictConfig, ListConfig
 
-    skip = [p for p in (_path(cfg, f"paths.{k}") for k in ("cache_dir", "log_dir", "output_dir")) if p]
+    skip = [Path(p).expanduser() for p in (select(cfg, f"paths.{k}") for k in ("cache_dir", "log_dir", "output_dir"))
+            if isinstance(p, str) and p]
     found: dict[str, list[int]] = {}
 
     def walk(node, prefix: str) -> None:
@@ -96,17 +98,6 @@ def data_size(cfg) -> dict[str, list[int]]:
     if isinstance(data, DictConfig):
         walk(data, "")
     return found
-
-
-def _path(cfg, key: str) -> Path | None:
-    from omegaconf import OmegaConf
-
-    try:
-        value = OmegaConf.select(cfg, key)
-    except Exception:
-        return None
-    return Path(value).expanduser() if isinstance(value, str) and value else None
-
 
 
 def _tree_size(path: Path, limit: int = MAX_DATA_ENTRIES) -> list[int]:

@@ -72,8 +72,6 @@ def current_launch() -> Launch | None:
 
 def launch_rank() -> int:
     """This process's global rank in its launch; 0 for a process that no launcher started."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_STEP_ID" not in os.environ:
-        return 0
     launch = current_launch()
     return launch.rank if launch else 0
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import getpass
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 
+from attnlab.cluster.slurm_queue import ask
 from attnlab.errors import UserError
 
 # sinfo's fields, one line per partition and kind of node: name (default marked *), availability, time limit,
@@ -84,17 +84,12 @@ def require_slurm() -> None:
             "launcher=local runs the same sweep as local processes.")
 
 
-def _run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"`{' '.join(argv)}` did not answer within {timeout:g} s: SLURM's controller is busy or "
-                        "unreachable. Try again in a moment, or ask the cluster's administrators.") from None
-
-
 def read_cluster() -> Cluster:
     require_slurm()
-    out = _run(["sinfo", "-a", "-h", "-o", SINFO_FORMAT])
+    out = ask("sinfo", "-a", "-h", "-o", SINFO_FORMAT, timeout=60)
+    if out is None:
+        raise UserError("`sinfo` did not answer within 60 s: SLURM's controller is busy or unreachable. Try again in "
+                        "a moment, or ask the cluster's administrators.")
     if out.returncode != 0:
         why = (out.stderr or out.stdout).strip().splitlines()
         raise UserError(f"SLURM's controller does not answer `sinfo` ({why[-1] if why else f'exit {out.returncode}'})"
@@ -165,12 +160,8 @@ def read_accounting(user: str) -> tuple[set[str] | None, set[str] | None]:
     """The accounts and QOS of this user's associations (sacctmgr); (None, None) where there is no accounting."""
     if shutil.which("sacctmgr") is None:
         return None, None
-    try:
-        assoc = _run(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=account,qos"],
-                     timeout=20)
-    except UserError:
-        return None, None
-    if assoc.returncode != 0 or not assoc.stdout.strip():
+    assoc = ask("sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=account,qos", timeout=20)
+    if assoc is None or assoc.returncode != 0 or not assoc.stdout.strip():
         return None, None
     accounts, qos = set(), set()
     for line in assoc.stdout.splitlines():

@@ -200,7 +200,6 @@ def slurm_environment():
     return SLURMEnvironment(auto_requeue=False)
 
 
-
 def being_preempted(fields: dict[str, str] | None = None) -> bool:
     """Whether SLURM is preempting this job now: the controller has given it a preemption time (`PreemptTime` of
     `scontrol show job`), which a cancellation, a time limit or a plain kill does not. False when it cannot say."""

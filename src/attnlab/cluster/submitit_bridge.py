@@ -70,7 +70,7 @@ def slurm_executor(params: dict, folder):
     return executor
 
 
-def batch_script(executor, command: str, name: str) -> str:
-    """The batch script an `AutoExecutor` of SLURM submits for `command` (its `_executor`'s
-    `_make_submission_file_text`): what `sbatch --test-only` is given."""
-    return executor._executor._make_submission_file_text(command, name)
+def batch_script(params: dict, folder, command: str, name: str) -> str:
+    """The batch script the launcher submits for `command` with `hydra.launcher` = params (resolved): that of
+    `slurm_executor`'s `_executor` (`_make_submission_file_text`), which `sbatch --test-only` is given."""
+    return slurm_executor(params, folder)._executor._make_submission_file_text(command, name)

@@ -11,12 +11,11 @@ GLUE score (attnlab.compare.glue); `--seeds` gives each cell's mean ± std over 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from attnlab.compare.runs import Run, differing_keys, find_runs
 from attnlab.compare.table import (by_task, diff, group_frame, grouping_keys, lineage_diff, metric_names,
-                                   rich_tables, runs_frame, sort_frame)
+                                   rich_table, rich_tables, runs_frame, sort_frame)
 from attnlab.errors import UserError
 
 
@@ -110,16 +109,8 @@ def show_diff(a: str, b: str, console=None) -> list[tuple]:
 
 
 def _diff_table(title: str, rows: list[tuple]):
-    """A table of (key, value in A, value in B), its title and cells printed as they are (no markup)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=Text(title))
-    for col in ("key", "A", "B"):
-        table.add_column(col, overflow="fold")
-    for k, va, vb in rows:
-        table.add_row(Text(k), Text(str(va)), Text(str(vb)))
-    return table
+    """A table of (key, value in A, value in B)."""
+    return rich_table(["key", "A", "B"], {c: [str(r[i]) for r in rows] for i, c in enumerate(("key", "A", "B"))}, title)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +129,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         fail_before_hydra(compare, args.runs, args.sort, args.group_by, args.metrics, args.report)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

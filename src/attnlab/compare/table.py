@@ -122,7 +122,7 @@ def rich_tables(df, title: str, width: int) -> list:
             cols = ident[:1]
         cols.append(c)  # a column too wide even beside the run alone is folded there
     parts.append(cols)
-    return [_table(cols, text, title if len(parts) == 1 else f"{title} (part {i}/{len(parts)})")
+    return [rich_table(cols, text, title if len(parts) == 1 else f"{title} (part {i}/{len(parts)})")
             for i, cols in enumerate(parts, 1)]
 
 
@@ -135,9 +135,9 @@ def _width(cols: list[str], text: dict[str, list[str]]) -> int:
         + 3 * len(cols) + 1
 
 
-def _table(cols: list[str], text: dict[str, list[str]], title: str):
+def rich_table(cols: list[str], text: dict[str, list[str]], title: str):
+    """A Rich table of the columns `cols` of `text`, its title and cells printed as they are (never markup)."""
     from rich.table import Table
-
     from rich.text import Text
 
     table = Table(title=Text(title), show_lines=False)

@@ -22,7 +22,6 @@ import importlib.util
 import inspect
 import pkgutil
 import re
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.errors import UserError
+from attnlab.types import type_hints
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,12 @@ class NetworkSpec:
     def settings(self) -> dict[str, tuple[inspect.Parameter, Any]]:
         """The network's settings: {name: (parameter, type hint)}."""
         if self.config is not None:
-            hints = _hints(self.config)
+            hints = type_hints(self.config)
             return {f.name: (inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
                                                default=_field_default(f)), hints.get(f.name, inspect.Parameter.empty))
                     for f in dataclasses.fields(self.config) if f.init}
         target = self.build.__init__ if inspect.isclass(self.build) else self.build
-        hints = _hints(target)
+        hints = type_hints(target)
         return {n: (p, hints.get(n, inspect.Parameter.empty)) for n, p in inspect.signature(target).parameters.items()
                 if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
@@ -143,10 +143,3 @@ def _field_default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty
-
-
-def _hints(obj) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(obj, include_extras=True)
-    except Exception:  # a hint that cannot be evaluated: that setting goes unchecked
-        return {}

@@ -21,7 +21,6 @@ from attnlab.utils.media import denormalize, panel_grid, save_media
 log = logging.getLogger("attnlab")
 
 
-
 class MAEPretrainer(BaseTask):
     """Logs `train/loss`, `val/loss`, `val/loss_best` (and `test/loss`): the pixel MSE on masked patches.
 

@@ -11,9 +11,6 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 from attnlab.cli.command_line import entry_point
-from attnlab.config import register_resolvers
-
-register_resolvers()
 
 
 FREE_TEXT = ("text", "prompt")
@@ -97,7 +94,3 @@ def predict(cfg: DictConfig):
 # the `predict.py` script and the `attnlab-predict` command: main(), then the process ends without teardown; text="..."
 # quoted as the user typed it, whatever it holds
 main, run = entry_point("predict", predict, prepare=quote_free_text)
-
-
-if __name__ == "__main__":
-    run()

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from attnlab.errors import UserError
+from attnlab.utils.dotted import select
 
 # hydra.launcher.<key> -> the run's own key that conf/launcher/slurm.yaml maps it from
 LAUNCHER_KEYS = {k: f"launcher.{k}" for k in ("partition", "account", "qos", "gpus_per_node", "tasks_per_node",
@@ -46,7 +47,7 @@ def fit_command_line(argv: list[str], composed) -> list[str]:
     _, cfg, job = fits[0]
     from attnlab.cli.slurm.estimates import size
 
-    cache_dir = _select(cfg, "paths.cache_dir") or os.environ.get("ATTNLAB_CACHE_DIR")
+    cache_dir = select(cfg, "paths.cache_dir") or os.environ.get("ATTNLAB_CACHE_DIR")
     size(job, settings(cfg, given), [c for _, c, _ in fits], overrides, cache_dir)
     where = _targets(cfg)  # launcher.<key>, or hydra.launcher.<key> where the config sets that itself
     fitted = {where.get(k, k): v for k, v in job.overrides().items() if k in given or _changes(cfg, where.get(k, k), v)}
@@ -72,11 +73,11 @@ def settings(cfg, given: set[str]):
     for hydra_key, key in LAUNCHER_KEYS.items():
         own = raw.get(hydra_key, "${" + key + "}")
         if own == "${" + key + "}":
-            values[key] = _select(cfg, key)
+            values[key] = select(cfg, key)
         else:
-            values[key] = _select(cfg, f"hydra.launcher.{hydra_key}")
+            values[key] = select(cfg, f"hydra.launcher.{hydra_key}")
             given = given | {key}
-    nodes = _select(cfg, "trainer.num_nodes")
+    nodes = select(cfg, "trainer.num_nodes")
     if values["trainer.num_nodes"] != nodes:  # hydra.launcher.nodes of its own
         raise UserError(f"hydra.launcher.nodes={values['trainer.num_nodes']} but trainer.num_nodes={nodes}: Lightning "
                         f"refuses a node count other than SLURM's. Set trainer.num_nodes={values['trainer.num_nodes']} "
@@ -86,9 +87,9 @@ def settings(cfg, given: set[str]):
         name = key.split(".", 1)[1]
         if key.startswith("launcher."):  # null: auto, except for the GPUs (null: none) and the names
             own[name] = AUTO if values[key] is None and name in AUTO_WHEN_NULL else values[key]
-    return Settings(accelerator=str(_select(cfg, "trainer.accelerator", "auto")),
-                    devices=_select(cfg, "trainer.devices", 1), num_nodes=values["trainer.num_nodes"] or 1,
-                    num_workers=_select(cfg, "data.num_workers", 0) or 0, given=given, **own)
+    return Settings(accelerator=str(select(cfg, "trainer.accelerator", "auto")),
+                    devices=select(cfg, "trainer.devices", 1), num_nodes=values["trainer.num_nodes"] or 1,
+                    num_workers=select(cfg, "data.num_workers", 0) or 0, given=given, **own)
 
 
 def _targets(cfg) -> dict[str, str]:
@@ -177,13 +178,3 @@ def _with(argv: list[str], fitted: dict[str, Any]) -> list[str]:
 
 def _value(value: Any) -> str:
     return "null" if value is None else str(value)
-
-
-def _select(cfg, key: str, default: Any = None) -> Any:
-    from omegaconf import OmegaConf
-
-    try:
-        value = OmegaConf.select(cfg, key, default=default)
-    except Exception:  # an interpolation that resolves only in the job (hydra:runtime ...)
-        return default
-    return default if value is None and default is not None else value

@@ -7,9 +7,9 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from typing import Any
 
 from attnlab.lineage import code_record
+from attnlab.utils.dotted import select
 from attnlab.cluster.costs import (MEM_MARGIN, MEM_SLACK_GB, TIME_MARGIN, TIME_SLACK_S, code_version,
                                      costs, data_size, fingerprint, lookup, node_type,
                                      run_steps)
@@ -87,7 +87,7 @@ def sweep_jobs(cfgs: list, overrides: list[str]) -> tuple[list, str]:
     cfgs = [c for c in cfgs if c is not None]
     if not cfgs:
         return [], "the sweep's config does not compose"
-    params = _select(cfgs[0], "hydra.sweeper.params") or {}
+    params = select(cfgs[0], "hydra.sweeper.params") or {}
     parser = OverridesParser.create()
     try:
         given = parser.parse_overrides(list(overrides))
@@ -99,7 +99,7 @@ def sweep_jobs(cfgs: list, overrides: list[str]) -> tuple[list, str]:
         key = o.key_or_group
         if not o.is_sweep_override() or not costs(key) or (from_line and "." not in key):
             continue  # a group swept on the command line: a line of its own (_variants)
-        if "." not in key and isinstance(_select(cfgs[0], key), dict):
+        if "." not in key and isinstance(select(cfgs[0], key), dict):
             return [], f"the sweeper chooses the group {key}, whose jobs are not composed here"
         try:
             values = list(o.sweep_string_iterator())
@@ -129,13 +129,3 @@ def _text(cfg, key: str) -> str:
 
     node = cfg.get(key)
     return OmegaConf.to_yaml(node) if OmegaConf.is_config(node) else repr(node)
-
-
-def _select(cfg, key: str) -> Any:
-    from omegaconf import OmegaConf
-
-    try:
-        value = OmegaConf.select(cfg, key)
-        return OmegaConf.to_container(value, resolve=False) if OmegaConf.is_config(value) else value
-    except Exception:
-        return None

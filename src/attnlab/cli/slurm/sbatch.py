@@ -44,29 +44,17 @@ _REFUSALS = [
 ]
 
 
-def submission_script(params: dict[str, Any], folder: Path) -> str:
-    """The batch script Hydra's submitit launcher submits for `hydra.launcher` = params (resolved), as its `launch`
-    builds it: the same executor, the same parameters."""
-    from attnlab.cluster.submitit_bridge import batch_script, slurm_executor
-
-    executor = slurm_executor(params, folder)
-    return batch_script(executor, "true", "attnlab-fit-check")
-
-
 def test_only(params: dict[str, Any], settings: dict[str, Any]) -> None:
     """`sbatch --test-only` on the script that would be submitted; a refusal is a UserError naming the setting."""
+    from attnlab.cluster.submitit_bridge import batch_script
+
     with tempfile.TemporaryDirectory(prefix="attnlab-sbatch-") as tmp:
         script = Path(tmp) / "job.sh"
-        text = submission_script(params, Path(tmp))
+        text = batch_script(params, Path(tmp), "true", "attnlab-fit-check")  # the launcher's executor, its parameters
         script.write_text(text)
         try:
             out = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60,
                                  cwd=tmp)
-        except FileNotFoundError:
-            from attnlab.cluster.nodes import require_slurm
-
-            require_slurm()
-            raise
         except subprocess.TimeoutExpired:
             raise UserError("`sbatch --test-only` did not answer within 60 s: SLURM's controller is busy or "
                             "unreachable. Try again in a moment.") from None

@@ -18,7 +18,6 @@ from attnlab.utils.atomic import atomic_path
 log = logging.getLogger("attnlab")
 
 
-
 # ---- token arrays
 
 class RaggedArray:
