@@ -419,26 +419,33 @@ def test_wandb_folders_go_to_the_run_folder_when_home_cannot_be_written(tmp_path
 @pytest.mark.slow
 def test_a_second_sigterm_ends_at_once_leaving_no_temporary_file_and_the_wandb_run_ended(tmp_path):
     """A second SIGTERM stops the process at once (the current step is lost), but what can be ended is: the
-    temporary file of a checkpoint being written is removed, and the W&B run is marked ended with status 143."""
+    temporary file of a checkpoint being written is removed, and the W&B run is marked ended with status 143. Both
+    signals come while a checkpoint is being written; where that write ended before the second could be sent (a busy
+    machine), the scenario is run again, at most three times."""
     from conftest import wandb_records
 
-    run_dir = tmp_path / "run"
-    env = os.environ | wandb_offline(tmp_path) | {"ATTNLAB_DATA_DIR": str(DATA_DIR), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=50", "logger=wandb", "+model.backbone_kwargs={embed_dim:384,depth:12,num_heads:6}",
-         "+callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.progress_bar=null",
-         "extras.print_config=false", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    checkpoints, deadline = run_dir / "checkpoints", time.time() + 300
-    while not checkpoints.is_dir() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.1)  # until the first checkpoint is saved (one each step from then on)
-    while not list(checkpoints.glob(".*.tmp*")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.002)  # until a checkpoint is being written
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    for attempt in range(3):
+        run_dir = tmp_path / f"run{attempt}"
+        env = os.environ | wandb_offline(tmp_path) | {"ATTNLAB_DATA_DIR": str(DATA_DIR), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=50", "logger=wandb",
+             "+model.backbone_kwargs={embed_dim:384,depth:12,num_heads:6}",
+             "+callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.progress_bar=null",
+             "extras.print_config=false", f"hydra.run.dir={run_dir}"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        checkpoints, deadline = run_dir / "checkpoints", time.time() + 300
+        while not checkpoints.is_dir() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)  # until the first checkpoint is saved (one each step from then on)
+        while not list(checkpoints.glob(".*.tmp*")) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.002)  # until a checkpoint is being written
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        during = bool(list(checkpoints.glob(".*.tmp*")))  # the write still going: the second SIGTERM comes during it
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+        if during or "stopped at once on a second SIGTERM" in out:
+            break
     assert "stopped at once on a second SIGTERM" in out, out[-3000:]
     assert not [p.name for p in checkpoints.iterdir() if ".tmp" in p.name]
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
