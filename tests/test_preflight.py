@@ -16,7 +16,9 @@ QUICK = ["trainer.max_epochs=-1", "trainer.limit_val_batches=4", "trainer.limit_
 
 
 @pytest.mark.slow
-def test_preflight_measures_the_run_and_its_duration_matches_the_real_run(tmp_path, caplog):
+def test_preflight_measures_the_run_and_writes_nothing(tmp_path, caplog):
+    """The report names every number it promises, and the run it measured leaves no checkpoint, metrics or log
+    behind (how its duration compares with the real run's is the next test's)."""
     from attnlab.cli.training import train
 
     caplog.set_level("INFO", logger="attnlab")
@@ -26,17 +28,10 @@ def test_preflight_measures_the_run_and_its_duration_matches_the_real_run(tmp_pa
     for what in ("parameters", "samples/s", "MFU", "GiB measured", "GiB estimated", "GiB available",
                  "the configured run", "largest batch", "data.batch_size ≈"):
         assert what in text, text[-2000:]
+    assert re.search(r"the configured run  ≈ [\d.]+ (s|min) \([\d.]+ (s|min) training \+ [\d.]+ (s|min) validation "
+                     r"\+ [\d.]+ (s|min) test\)", text), text[-2000:]
     run = tmp_path / "pre"
     assert not list(run.rglob("*.ckpt")) and not (run / "metrics.json").exists() and not (run / "csv").exists()
-    m = re.search(r"the configured run  ≈ ([\d.]+) (s|min)", text)
-    predicted = float(m.group(1)) * (60 if m.group(2) == "min" else 1)
-
-    cfg = compose_cfg(["trainer.max_steps=80", *QUICK], tmp_path / "real")
-    start = time.perf_counter()
-    train(cfg)
-    real = time.perf_counter() - start
-    # the real run adds start-up and checkpoint writes to the steps preflight times: same order of magnitude
-    assert predicted / 3 < real < predicted * 4, (predicted, real)
 
 
 @pytest.mark.slow
